@@ -1,0 +1,27 @@
+# Quick start: `make demo` trains the tiny model on CPU; `make test` runs the suite.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test lint demo clean
+
+venv: $(STAMP)
+
+# torch==2.13.0 first: the CPU build on this machine's disk, instead of a multi-GB CUDA download.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[train,k8s,dev]'
+	touch $(STAMP)
+
+lint: venv
+	$(BIN)/ruff check agentlightning tests bench examples
+	$(BIN)/ruff format --check agentlightning tests bench examples
+
+test: lint
+	$(BIN)/pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

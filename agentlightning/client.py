@@ -1,0 +1,545 @@
+"""Typed client of the API Gateway, sync (`GatewayClient`) and async (`AsyncGatewayClient`).
+
+Every component talks to the Gateway through this module. Each operation is described once as
+a `_Call` (method, path, body, whether it is safe to repeat, how to read the answer); the two
+clients only differ in how they send it. Calls are retried with exponential backoff on
+connection failures (always: nothing reached the server) and, when repeating them is harmless,
+on other transport errors and 5xx answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+from urllib.parse import quote
+
+import httpx
+import orjson
+from pydantic import BaseModel, TypeAdapter
+
+from agentlightning.schemas import (
+    EVENT_REWARD,
+    Event,
+    Model,
+    ProxyState,
+    Rollout,
+    RolloutCreate,
+    RolloutDetail,
+    RolloutState,
+    TerminalPage,
+)
+
+T = TypeVar("T")
+LONG_POLL_HEADER = "x-agl-long-poll"
+
+_ROLLOUTS = TypeAdapter(list[Rollout])
+_EVENTS = TypeAdapter(list[Event])
+_MODELS = TypeAdapter(list[Model])
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+class GatewayError(Exception):
+    """The Gateway answered with an error. `detail` is its message."""
+
+    def __init__(self, status_code: int, detail: str, method: str, url: str) -> None:
+        super().__init__(f"{method} {url} -> {status_code}: {detail}")
+        self.status_code = status_code
+        self.detail = detail
+
+
+class BadRequest(GatewayError):
+    """400, 413 or 422: the request was malformed or invalid."""
+
+
+class Unauthorized(GatewayError):
+    """401 or 403: missing or wrong key."""
+
+
+class NotFound(GatewayError):
+    pass
+
+
+class Conflict(GatewayError):
+    """409: e.g. an illegal state transition."""
+
+
+class ServerError(GatewayError):
+    """5xx after all retries."""
+
+
+class GatewayUnavailable(Exception):
+    """The Gateway could not be reached after all retries."""
+
+
+def _error_class(status: int) -> type[GatewayError]:
+    if status in (400, 413, 422):
+        return BadRequest
+    if status in (401, 403):
+        return Unauthorized
+    if status == 404:
+        return NotFound
+    if status == 409:
+        return Conflict
+    if status >= 500:
+        return ServerError
+    return GatewayError
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        detail = orjson.loads(response.content).get("detail", response.text)
+    except (orjson.JSONDecodeError, AttributeError):
+        return response.text[:2000] or response.reason_phrase
+    if isinstance(detail, list):  # FastAPI validation errors: make them one readable line
+        parts = []
+        for err in detail:
+            if isinstance(err, dict):
+                loc = ".".join(str(p) for p in err.get("loc", ()))
+                parts.append(f"{loc}: {err.get('msg', err)}")
+            else:
+                parts.append(str(err))
+        return "; ".join(parts)
+    return str(detail)
+
+
+# --- retry policy and call descriptions ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 6
+    backoff_seconds: float = 0.2
+    max_backoff_seconds: float = 5.0
+    jitter: float = 0.25
+    retry_statuses: frozenset[int] = frozenset({500, 502, 503, 504})
+
+    def delay(self, attempt: int) -> float:
+        base = min(self.backoff_seconds * 2**attempt, self.max_backoff_seconds)
+        return base * random.uniform(1 - self.jitter, 1 + self.jitter)
+
+
+@dataclass(frozen=True)
+class Polled(Generic[T]):
+    """The answer of a long-poll read. `long_polled` is False when the Gateway answered at once
+    because it does not support long-polls (Agent Lightning v1.0): sleep before asking again."""
+
+    value: T
+    long_polled: bool
+
+
+@dataclass
+class _Call(Generic[T]):
+    method: str
+    path: str
+    parse: Callable[[httpx.Response], T]
+    idempotent: bool
+    params: list[tuple[str, Any]] = field(default_factory=list)
+    body: Any = None
+    extra_timeout: float = 0.0
+
+
+def _json_body(value: Any) -> bytes:
+    def default(obj: Any) -> Any:
+        if isinstance(obj, BaseModel):
+            return obj.model_dump(mode="json", exclude_unset=True)
+        raise TypeError(f"cannot send {type(obj).__name__} as JSON")
+
+    return orjson.dumps(value, default=default)
+
+
+def _model(cls: type[BaseModel]) -> Callable[[httpx.Response], Any]:
+    return lambda r: cls.model_validate_json(r.content)
+
+
+def _seg(value: str) -> str:
+    """An id as one URL path segment."""
+    return quote(value, safe="")
+
+
+class _Operations:
+    """Every Gateway operation, described once."""
+
+    # rollouts
+    @staticmethod
+    def create_rollouts(specs: Iterable[RolloutCreate | Mapping[str, Any]]) -> _Call[list[Rollout]]:
+        body = [s if isinstance(s, RolloutCreate) else RolloutCreate.model_validate(s) for s in specs]
+        # Safe to repeat only when every id is pre-assigned (creating an existing id is a no-op).
+        idempotent = all(s.rollout_id for s in body)
+        return _Call(
+            "POST", "/api/rollouts", lambda r: _ROLLOUTS.validate_json(r.content), idempotent, body=body
+        )
+
+    @staticmethod
+    def list_rollouts(
+        states: Sequence[RolloutState | str] | None, limit: int, wait_seconds: float = 0
+    ) -> _Call[Polled[list[Rollout]]]:
+        params: list[tuple[str, Any]] = [("state_in", RolloutState(s).value) for s in states or ()]
+        params.append(("limit", limit))
+        if wait_seconds > 0:
+            params.append(("wait_seconds", wait_seconds))
+        return _Call(
+            "GET",
+            "/api/rollouts",
+            lambda r: Polled(_ROLLOUTS.validate_json(r.content), LONG_POLL_HEADER in r.headers),
+            True,
+            params=params,
+            extra_timeout=wait_seconds,
+        )
+
+    @staticmethod
+    def terminal(after: int, limit: int, wait_seconds: float = 0) -> _Call[Polled[TerminalPage]]:
+        params: list[tuple[str, Any]] = [("after", after), ("limit", limit)]
+        if wait_seconds > 0:
+            params.append(("wait_seconds", wait_seconds))
+        return _Call(
+            "GET",
+            "/api/rollouts/terminal",
+            lambda r: Polled(TerminalPage.model_validate_json(r.content), LONG_POLL_HEADER in r.headers),
+            True,
+            params=params,
+            extra_timeout=wait_seconds,
+        )
+
+    @staticmethod
+    def get_rollout(rollout_id: str) -> _Call[RolloutDetail]:
+        return _Call("GET", f"/api/rollouts/{_seg(rollout_id)}", _model(RolloutDetail), True)
+
+    @staticmethod
+    def patch_rollout(rollout_id: str, status: Mapping[str, Any]) -> _Call[Rollout]:
+        body = {"status": {k: (v.value if isinstance(v, RolloutState) else v) for k, v in status.items()}}
+        # Not repeatable: a second identical state change is an illegal transition.
+        return _Call("PATCH", f"/api/rollouts/{_seg(rollout_id)}", _model(Rollout), False, body=body)
+
+    @staticmethod
+    def delete_rollout(rollout_id: str) -> _Call[None]:
+        return _Call("DELETE", f"/api/rollouts/{_seg(rollout_id)}", lambda r: None, True)
+
+    # events
+    @staticmethod
+    def post_event(
+        rollout_id: str, attempt_id: str, event_type: str, data: Mapping[str, Any]
+    ) -> _Call[Event]:
+        path = f"/api/rollouts/{_seg(rollout_id)}/attempt/{_seg(attempt_id)}/events"
+        return _Call("POST", path, _model(Event), False, body={"event_type": event_type, "data": data})
+
+    @staticmethod
+    def get_events(
+        rollout_id: str,
+        event_type: str | None,
+        format: Literal["raw", "triplet"],
+        attempt_id: str | None,
+        raw: bool,
+    ) -> _Call[Any]:
+        params: list[tuple[str, Any]] = [("format", format)]
+        if event_type:
+            params.append(("event_type", event_type))
+        if attempt_id:
+            params.append(("attempt_id", attempt_id))
+        parse = (lambda r: orjson.loads(r.content)) if raw else (lambda r: _EVENTS.validate_json(r.content))
+        return _Call("GET", f"/api/rollouts/{_seg(rollout_id)}/events", parse, True, params=params)
+
+    # models
+    @staticmethod
+    def register_models(models: Iterable[Model | Mapping[str, Any]]) -> _Call[list[Model]]:
+        body = [m if isinstance(m, Model) else Model.model_validate(m) for m in models]
+        return _Call("POST", "/api/models", lambda r: _MODELS.validate_json(r.content), True, body=body)
+
+    @staticmethod
+    def list_models() -> _Call[list[Model]]:
+        return _Call("GET", "/api/models", lambda r: _MODELS.validate_json(r.content), True)
+
+    @staticmethod
+    def delete_models() -> _Call[None]:
+        return _Call("DELETE", "/api/models", lambda r: None, True)
+
+    # proxy control
+    @staticmethod
+    def pause(retry_after_seconds: float, reason: str | None) -> _Call[ProxyState]:
+        body = {"retry_after_seconds": retry_after_seconds, "reason": reason}
+        return _Call("POST", "/proxy/pause", _model(ProxyState), True, body=body)
+
+    @staticmethod
+    def resume() -> _Call[ProxyState]:
+        return _Call("POST", "/proxy/resume", _model(ProxyState), True)
+
+    @staticmethod
+    def proxy_state() -> _Call[ProxyState]:
+        return _Call("GET", "/proxy/state", _model(ProxyState), True)
+
+    @staticmethod
+    def health() -> _Call[bool]:
+        return _Call("GET", "/healthz", lambda r: True, True)
+
+
+class _ClientBase:
+    def __init__(self, base_url: str, key: str, timeout: float, retry: RetryPolicy) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.key = key
+        self.timeout = timeout
+        self.retry = retry
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+
+    def _send_args(self, call: _Call[Any]) -> dict[str, Any]:
+        headers = dict(self._headers)
+        content = None
+        if call.body is not None:
+            content = _json_body(call.body)
+            headers["Content-Type"] = "application/json"
+        return {
+            "method": call.method,
+            "url": self.base_url + call.path,
+            "params": call.params,
+            "content": content,
+            "headers": headers,
+            "timeout": self.timeout + call.extra_timeout,
+        }
+
+    def _should_retry(
+        self, call: _Call[Any], attempt: int, error: Exception | None, status: int | None
+    ) -> bool:
+        if attempt + 1 >= self.retry.attempts:
+            return False
+        if isinstance(error, httpx.ConnectError | httpx.ConnectTimeout):
+            return True  # the request never reached the Gateway
+        if not call.idempotent:
+            return False
+        return error is not None or status in self.retry.retry_statuses
+
+    def _result(self, call: _Call[T], response: httpx.Response) -> T:
+        if response.status_code >= 400:
+            raise _error_class(response.status_code)(
+                response.status_code, _detail(response), call.method, self.base_url + call.path
+            )
+        return call.parse(response)
+
+    def _unavailable(self, call: _Call[Any], error: Exception) -> GatewayUnavailable:
+        return GatewayUnavailable(
+            f"{call.method} {self.base_url}{call.path}: the Gateway did not answer after "
+            f"{self.retry.attempts} tries: {type(error).__name__}: {error}"
+        )
+
+
+class GatewayClient(_ClientBase):
+    """Blocking client. Use as a context manager or call close()."""
+
+    def __init__(
+        self,
+        base_url: str,
+        key: str = "",
+        timeout: float = 30.0,
+        retry: RetryPolicy | None = None,
+        max_connections: int = 64,
+    ) -> None:
+        super().__init__(base_url, key, timeout, retry or RetryPolicy())
+        self._http = httpx.Client(limits=httpx.Limits(max_connections=max_connections), trust_env=False)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> GatewayClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self, call: _Call[T]) -> T:
+        attempt = 0
+        while True:
+            try:
+                response = self._http.request(**self._send_args(call))
+            except httpx.TransportError as exc:
+                if not self._should_retry(call, attempt, exc, None):
+                    raise self._unavailable(call, exc) from exc
+            else:
+                if not self._should_retry(call, attempt, None, response.status_code):
+                    return self._result(call, response)
+            time.sleep(self.retry.delay(attempt))
+            attempt += 1
+
+    def create_rollouts(self, specs: Iterable[RolloutCreate | Mapping[str, Any]]) -> list[Rollout]:
+        return self._run(_Operations.create_rollouts(specs))
+
+    def list_rollouts(
+        self, states: Sequence[RolloutState | str] | None = None, limit: int = 500
+    ) -> list[Rollout]:
+        return self._run(_Operations.list_rollouts(states, limit)).value
+
+    def long_poll_rollouts(
+        self, states: Sequence[RolloutState | str] | None, wait_seconds: float, limit: int = 500
+    ) -> Polled[list[Rollout]]:
+        return self._run(_Operations.list_rollouts(states, limit, wait_seconds))
+
+    def terminal(self, after: int = 0, limit: int = 1000) -> TerminalPage:
+        return self._run(_Operations.terminal(after, limit)).value
+
+    def long_poll_terminal(self, after: int, wait_seconds: float, limit: int = 1000) -> Polled[TerminalPage]:
+        return self._run(_Operations.terminal(after, limit, wait_seconds))
+
+    def get_rollout(self, rollout_id: str) -> RolloutDetail:
+        return self._run(_Operations.get_rollout(rollout_id))
+
+    def patch_rollout(self, rollout_id: str, **status: Any) -> Rollout:
+        return self._run(_Operations.patch_rollout(rollout_id, status))
+
+    def delete_rollout(self, rollout_id: str) -> None:
+        self._run(_Operations.delete_rollout(rollout_id))
+
+    def post_event(self, rollout_id: str, attempt_id: str, event_type: str, data: Mapping[str, Any]) -> Event:
+        return self._run(_Operations.post_event(rollout_id, attempt_id, event_type, data))
+
+    def post_reward(self, rollout_id: str, attempt_id: str, value: float, **extra: Any) -> Event:
+        return self.post_event(rollout_id, attempt_id, EVENT_REWARD, {"value": value, **extra})
+
+    def get_events(
+        self,
+        rollout_id: str,
+        event_type: str | None = None,
+        format: Literal["raw", "triplet"] = "raw",
+        attempt_id: str | None = None,
+    ) -> list[Event]:
+        return self._run(_Operations.get_events(rollout_id, event_type, format, attempt_id, raw=False))
+
+    def get_events_json(
+        self, rollout_id: str, format: Literal["raw", "triplet"] = "triplet", attempt_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Events as plain dicts: the fast path for bulk training-data reads."""
+        return self._run(_Operations.get_events(rollout_id, None, format, attempt_id, raw=True))
+
+    def register_models(self, models: Iterable[Model | Mapping[str, Any]]) -> list[Model]:
+        return self._run(_Operations.register_models(models))
+
+    def list_models(self) -> list[Model]:
+        return self._run(_Operations.list_models())
+
+    def delete_models(self) -> None:
+        self._run(_Operations.delete_models())
+
+    def pause(self, retry_after_seconds: float = 5.0, reason: str | None = None) -> ProxyState:
+        return self._run(_Operations.pause(retry_after_seconds, reason))
+
+    def resume(self) -> ProxyState:
+        return self._run(_Operations.resume())
+
+    def proxy_state(self) -> ProxyState:
+        return self._run(_Operations.proxy_state())
+
+    def health(self) -> bool:
+        return self._run(_Operations.health())
+
+
+class AsyncGatewayClient(_ClientBase):
+    """The same operations as GatewayClient, awaitable."""
+
+    def __init__(
+        self,
+        base_url: str,
+        key: str = "",
+        timeout: float = 30.0,
+        retry: RetryPolicy | None = None,
+        max_connections: int = 64,
+    ) -> None:
+        super().__init__(base_url, key, timeout, retry or RetryPolicy())
+        self._http = httpx.AsyncClient(limits=httpx.Limits(max_connections=max_connections), trust_env=False)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncGatewayClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _run(self, call: _Call[T]) -> T:
+        attempt = 0
+        while True:
+            try:
+                response = await self._http.request(**self._send_args(call))
+            except httpx.TransportError as exc:
+                if not self._should_retry(call, attempt, exc, None):
+                    raise self._unavailable(call, exc) from exc
+            else:
+                if not self._should_retry(call, attempt, None, response.status_code):
+                    return self._result(call, response)
+            await asyncio.sleep(self.retry.delay(attempt))
+            attempt += 1
+
+    async def create_rollouts(self, specs: Iterable[RolloutCreate | Mapping[str, Any]]) -> list[Rollout]:
+        return await self._run(_Operations.create_rollouts(specs))
+
+    async def list_rollouts(
+        self, states: Sequence[RolloutState | str] | None = None, limit: int = 500
+    ) -> list[Rollout]:
+        return (await self._run(_Operations.list_rollouts(states, limit))).value
+
+    async def long_poll_rollouts(
+        self, states: Sequence[RolloutState | str] | None, wait_seconds: float, limit: int = 500
+    ) -> Polled[list[Rollout]]:
+        return await self._run(_Operations.list_rollouts(states, limit, wait_seconds))
+
+    async def terminal(self, after: int = 0, limit: int = 1000) -> TerminalPage:
+        return (await self._run(_Operations.terminal(after, limit))).value
+
+    async def long_poll_terminal(
+        self, after: int, wait_seconds: float, limit: int = 1000
+    ) -> Polled[TerminalPage]:
+        return await self._run(_Operations.terminal(after, limit, wait_seconds))
+
+    async def get_rollout(self, rollout_id: str) -> RolloutDetail:
+        return await self._run(_Operations.get_rollout(rollout_id))
+
+    async def patch_rollout(self, rollout_id: str, **status: Any) -> Rollout:
+        return await self._run(_Operations.patch_rollout(rollout_id, status))
+
+    async def delete_rollout(self, rollout_id: str) -> None:
+        await self._run(_Operations.delete_rollout(rollout_id))
+
+    async def post_event(
+        self, rollout_id: str, attempt_id: str, event_type: str, data: Mapping[str, Any]
+    ) -> Event:
+        return await self._run(_Operations.post_event(rollout_id, attempt_id, event_type, data))
+
+    async def post_reward(self, rollout_id: str, attempt_id: str, value: float, **extra: Any) -> Event:
+        return await self.post_event(rollout_id, attempt_id, EVENT_REWARD, {"value": value, **extra})
+
+    async def get_events(
+        self,
+        rollout_id: str,
+        event_type: str | None = None,
+        format: Literal["raw", "triplet"] = "raw",
+        attempt_id: str | None = None,
+    ) -> list[Event]:
+        return await self._run(_Operations.get_events(rollout_id, event_type, format, attempt_id, raw=False))
+
+    async def get_events_json(
+        self, rollout_id: str, format: Literal["raw", "triplet"] = "triplet", attempt_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Events as plain dicts: the fast path for bulk training-data reads."""
+        return await self._run(_Operations.get_events(rollout_id, None, format, attempt_id, raw=True))
+
+    async def register_models(self, models: Iterable[Model | Mapping[str, Any]]) -> list[Model]:
+        return await self._run(_Operations.register_models(models))
+
+    async def list_models(self) -> list[Model]:
+        return await self._run(_Operations.list_models())
+
+    async def delete_models(self) -> None:
+        await self._run(_Operations.delete_models())
+
+    async def pause(self, retry_after_seconds: float = 5.0, reason: str | None = None) -> ProxyState:
+        return await self._run(_Operations.pause(retry_after_seconds, reason))
+
+    async def resume(self) -> ProxyState:
+        return await self._run(_Operations.resume())
+
+    async def proxy_state(self) -> ProxyState:
+        return await self._run(_Operations.proxy_state())
+
+    async def health(self) -> bool:
+        return await self._run(_Operations.health())

@@ -1,0 +1,1 @@
+"""Default Hydra configs of the command-line entry points (server.yaml, controller.yaml)."""

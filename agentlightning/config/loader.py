@@ -1,0 +1,59 @@
+"""Load an entry point's Hydra config: packaged defaults, an optional file, dotted overrides."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf
+
+USAGE = """usage: {prog} [--config FILE.yaml] [key=value ...]
+
+Keys use dots for nesting (store.url=memory://). Defaults:
+
+{defaults}"""
+
+
+def load_cli_config(config_name: str, argv: Sequence[str], prog: str) -> DictConfig:
+    """Compose `agentlightning/config/{config_name}.yaml` with a user file and overrides.
+
+    Prints usage and exits on -h/--help; exits 2 with a message on a bad argument.
+    """
+    args = list(argv)
+    user_file: Path | None = None
+    if "-h" in args or "--help" in args:
+        print(USAGE.format(prog=prog, defaults=OmegaConf.to_yaml(_compose(config_name, []))))
+        raise SystemExit(0)
+    if "--config" in args:
+        i = args.index("--config")
+        if i + 1 >= len(args):
+            _fail(prog, "--config needs a file")
+        user_file = Path(args[i + 1])
+        del args[i : i + 2]
+        if not user_file.is_file():
+            _fail(prog, f"config file {user_file} does not exist")
+    bad = [a for a in args if "=" not in a or a.startswith("-")]
+    if bad:
+        _fail(prog, f"arguments must be key=value overrides, got {bad[0]!r}")
+    base = _compose(config_name, [])
+    if user_file is not None:
+        base = OmegaConf.merge(base, OmegaConf.load(user_file))
+    try:
+        override_cfg = OmegaConf.from_dotlist(args)
+    except Exception as exc:
+        _fail(prog, f"bad override: {exc}")
+    return OmegaConf.merge(base, override_cfg)  # type: ignore[return-value]
+
+
+def _compose(config_name: str, overrides: list[str]) -> DictConfig:
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="agentlightning.config", version_base=None):
+        return compose(config_name=config_name, overrides=overrides)
+
+
+def _fail(prog: str, message: str) -> None:
+    print(f"{prog}: {message}", file=sys.stderr)
+    raise SystemExit(2)

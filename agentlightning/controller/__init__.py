@@ -1,0 +1,1 @@
+"""The Rollout Controller (agl-controller): turns queued rollouts into running agents."""

@@ -1,0 +1,33 @@
+"""structlog set-up: key-value lines, one event per line, on stderr."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+
+def configure_logging(level: str = "info") -> None:
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise ValueError(f"log_level must be one of debug, info, warning, error; got {level!r}")
+    logging.basicConfig(stream=sys.stderr, level=numeric, format="%(message)s")
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=False),
+            structlog.processors.format_exc_info,
+            structlog.processors.KeyValueRenderer(
+                key_order=["timestamp", "level", "event"], drop_missing=True
+            ),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
+    return structlog.get_logger(component=name)

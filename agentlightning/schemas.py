@@ -1,0 +1,266 @@
+"""Wire types shared by every component: the one definition of Rollout, Event, Model, ….
+
+The field names and meanings match Agent Lightning v1.0. Additions are optional fields or
+new types, never a change of meaning of an existing field.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# Ids travel in URL path segments and file names: no slashes, no whitespace.
+ID_PATTERN = r"^[^/\s]{1,256}$"
+RolloutId = Annotated[str, Field(pattern=ID_PATTERN, description="1-256 characters, no '/' or whitespace")]
+AttemptId = RolloutId
+
+
+class RolloutState(StrEnum):
+    QUEUING = "queuing"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES: frozenset[RolloutState] = frozenset({RolloutState.SUCCEEDED, RolloutState.FAILED})
+
+# Legal state changes. Terminal states are final. A non-terminal state may be "patched to
+# itself" so that a controller can attach a job name or start a new attempt without a change.
+TRANSITIONS: dict[RolloutState, frozenset[RolloutState]] = {
+    RolloutState.QUEUING: frozenset({RolloutState.QUEUING, RolloutState.RUNNING, RolloutState.FAILED}),
+    RolloutState.RUNNING: frozenset({RolloutState.RUNNING, RolloutState.SUCCEEDED, RolloutState.FAILED}),
+    RolloutState.SUCCEEDED: frozenset(),
+    RolloutState.FAILED: frozenset(),
+}
+
+
+class IllegalTransition(ValueError):
+    """A patch asked for a state change the transition table does not allow."""
+
+
+def check_transition(current: RolloutState, target: RolloutState) -> None:
+    if target not in TRANSITIONS[current]:
+        allowed = sorted(s.value for s in TRANSITIONS[current] if s != current)
+        hint = f"allowed from {current.value}: {', '.join(allowed)}" if allowed else "it is terminal (final)"
+        raise IllegalTransition(f"cannot move a rollout from {current.value} to {target.value}: {hint}")
+
+
+def now() -> float:
+    return time.time()
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LocalRolloutConfig(BaseModel):
+    """How the local runner starts the agent: `module.Class` or `module:Class` with a run() method."""
+
+    agent_class: str = Field(min_length=1, description="module.Class or module:Class; run() may be async")
+    env_map: dict[str, str] = Field(
+        default_factory=dict,
+        description="environment variable -> path into the rollout, e.g. QUESTION: input.question",
+    )
+
+
+class K8sRolloutConfig(BaseModel):
+    job_template: str = Field(min_length=1, description="Jinja template rendering exactly one batch/v1 Job")
+
+
+class RolloutConfig(BaseModel):
+    timeout_seconds: float = Field(default=600.0, gt=0, description="wall-clock limit for one attempt")
+    local: LocalRolloutConfig | None = None
+    k8s: K8sRolloutConfig | None = None
+
+
+class RolloutMetadata(BaseModel):
+    """Free-form; the trainer fills the well-known keys below."""
+
+    model_config = ConfigDict(extra="allow")
+
+    batch_idx: int | None = None
+    sample_idx_in_batch: int | None = None
+    data_id: str | None = Field(
+        default=None, description="id of the prompt; rollouts sharing it form a group"
+    )
+
+
+class RolloutStatus(BaseModel):
+    state: RolloutState = RolloutState.QUEUING
+    k8s_job_name: str | None = None
+    last_attempt_id: str | None = None
+    error_message: str | None = None
+    version: int = 0
+    created_at: float = Field(default_factory=now)
+    updated_at: float = Field(default_factory=now)
+    # Additions over v1.0 (optional, ignored by v1.0 clients):
+    log_path: str | None = Field(default=None, description="where the runner writes the agent's output")
+
+
+class Rollout(BaseModel):
+    rollout_id: RolloutId
+    input: Any = None
+    is_train: bool = True
+    config: RolloutConfig = Field(default_factory=RolloutConfig)
+    metadata: RolloutMetadata = Field(default_factory=RolloutMetadata)
+    status: RolloutStatus = Field(default_factory=RolloutStatus)
+
+
+class RolloutCreate(BaseModel):
+    input: Any = None
+    is_train: bool = True
+    config: RolloutConfig | None = None
+    metadata: RolloutMetadata | None = None
+    rollout_id: RolloutId | None = Field(
+        default=None, description="pre-assigned id; creating it twice is a no-op"
+    )
+
+
+class RolloutStatusPatch(_Strict):
+    state: RolloutState | None = None
+    k8s_job_name: str | None = None
+    last_attempt_id: AttemptId | None = None
+    error_message: str | None = None
+    log_path: str | None = None
+
+
+class RolloutPatch(_Strict):
+    status: RolloutStatusPatch
+
+
+class Attempt(BaseModel):
+    attempt_id: str
+    n_events: int
+    first_event_at: float | None = None
+    last_event_at: float | None = None
+
+
+class RolloutDetail(BaseModel):
+    rollout: Rollout
+    attempts: list[Attempt] = Field(description="sorted by their first event")
+
+
+class TerminalItem(BaseModel):
+    rollout_id: str
+    state: RolloutState
+    data_id: str | None = None
+    is_train: bool = True
+
+
+class TerminalPage(BaseModel):
+    items: list[TerminalItem]
+    next_after: int = Field(description="pass as `after` to read the next page")
+    total_terminal: int = Field(description="terminal rollouts currently stored")
+
+
+# --- events -------------------------------------------------------------------------------
+
+EVENT_MODEL_REQUEST = "model_request"
+EVENT_REWARD = "reward"
+
+
+class EventCreate(BaseModel):
+    event_type: str = Field(min_length=1, max_length=128)
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class Event(BaseModel):
+    event_type: str
+    rollout_id: str
+    attempt_id: str
+    timestamp: float
+    data: dict[str, Any] = Field(default_factory=dict)
+    # Addition over v1.0: position in the Gateway's global append order.
+    sequence: int | None = None
+
+
+class RewardData(BaseModel):
+    """Payload of a `reward` event, as an agent posts it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    value: float
+    source: str | None = None
+    reason: str | None = None
+
+    @field_validator("value")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("reward value must be a finite number")
+        return v
+
+
+class ServerInfo(BaseModel):
+    model: str
+    endpoint: str | None = None
+    version: int = 0
+
+
+class ModelRequestData(BaseModel):
+    """Payload of a `model_request` event, written by the Gateway's proxy for every model call."""
+
+    model_config = ConfigDict(extra="allow")
+
+    api: Literal["chat.completions", "completions"] = "chat.completions"
+    mode: Literal["train", "val"] = "train"
+    request: dict[str, Any] = Field(default_factory=dict, description="the body the agent sent")
+    params: dict[str, Any] = Field(default_factory=dict, description="what the proxy rewrote")
+    response: dict[str, Any] | None = None
+    server: ServerInfo | None = None
+    latency_ms: float | None = None
+    http_status: int | None = None
+    status: Literal["ok", "error"] = "ok"
+    error: str | None = None
+    retries: int = 0
+    usage: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    stream: bool = False
+    incomplete: bool = False
+
+
+class Triplet(BaseModel):
+    """The training view of one `model_request` event (`format=triplet`)."""
+
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+    response_log_probs: list[float] | None = None
+    server: ServerInfo | None = None
+    http_status: int | None = None
+    status: str | None = None
+    error: str | None = None
+
+
+# --- models and the proxy -----------------------------------------------------------------
+
+
+class Model(BaseModel):
+    model: str = Field(min_length=1, description="model name the proxy routes by")
+    endpoint: str = Field(
+        min_length=1, description="base URL of an OpenAI-compatible server, e.g. http://h:8000/v1"
+    )
+    version: int = Field(default=0, ge=0, description="policy version the endpoint serves")
+
+
+class PauseRequest(BaseModel):
+    retry_after_seconds: float = Field(default=5.0, ge=0)
+    reason: str | None = None
+
+
+class ProxyState(BaseModel):
+    paused: bool
+    retry_after_seconds: float
+    reason: str | None = None
+    inflight: int
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"

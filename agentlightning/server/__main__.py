@@ -1,0 +1,3 @@
+from agentlightning.server.cli import main
+
+main()

@@ -1,0 +1,59 @@
+"""The API Gateway application: `create_app(config)`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import APIRouter, FastAPI
+from omegaconf import DictConfig
+
+from agentlightning import __version__
+from agentlightning.log import get_logger
+from agentlightning.server.auth import KeyAuthMiddleware
+from agentlightning.server.body_limit import BodyLimitMiddleware
+from agentlightning.server.config import ServerConfig, load_server_config
+from agentlightning.server.errors import install_error_handlers
+from agentlightning.server.routes import events, health, models, rollouts
+from agentlightning.server.state import GatewayState, ModelTable
+from agentlightning.server.store import Store, store_from_url
+
+log = get_logger("gateway")
+
+ROUTERS: list[APIRouter] = [health.router, rollouts.router, events.router, models.router]
+
+
+def create_app(
+    config: ServerConfig | DictConfig | dict[str, Any] | None = None, store: Store | None = None
+) -> FastAPI:
+    """The Gateway as an ASGI app. The store opens when the app starts and closes when it stops."""
+    if not isinstance(config, ServerConfig):
+        config = load_server_config(config)
+    if store is None:
+        store = store_from_url(config.store.url, config.store.synchronous, config.store.read_threads)
+    state = GatewayState(config=config, store=store, models=ModelTable(store))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await store.open()
+        await state.models.load()
+        if not config.key:
+            log.warning(
+                "auth_disabled", hint="set key=... so that only holders of the key can use the Gateway"
+            )
+        log.info("gateway_ready", store=config.store.url, model=config.default_proxy.model_name)
+        try:
+            yield
+        finally:
+            await store.close()
+
+    app = FastAPI(title="Agent Lightning API Gateway", version=__version__, lifespan=lifespan)
+    app.state.gateway = state
+    install_error_handlers(app)
+    for router in ROUTERS:
+        app.include_router(router)
+    # Last added runs first: auth rejects strangers before any body is read.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    app.add_middleware(KeyAuthMiddleware, key=config.key)
+    return app

@@ -1,0 +1,42 @@
+"""Every failure a client can cause becomes a 4xx that says what was wrong."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+from agentlightning.log import get_logger
+from agentlightning.schemas import IllegalTransition
+from agentlightning.server.store import RolloutNotFound
+
+log = get_logger("gateway")
+
+
+async def _validation(request: Request, exc: RequestValidationError) -> Response:
+    for error in exc.errors():
+        if error.get("type") == "json_invalid":
+            where = error.get("ctx", {}).get("error", "")
+            return JSONResponse({"detail": f"request body is not valid JSON: {where}".rstrip(": ")}, 400)
+    return await request_validation_exception_handler(request, exc)
+
+
+async def _not_found(request: Request, exc: RolloutNotFound) -> Response:
+    return JSONResponse({"detail": str(exc)}, 404)
+
+
+async def _conflict(request: Request, exc: IllegalTransition) -> Response:
+    return JSONResponse({"detail": str(exc)}, 409)
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled_error", method=request.method, path=request.url.path)
+    return JSONResponse({"detail": f"internal error: {type(exc).__name__}: {exc}"}, 500)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation)  # type: ignore[arg-type]
+    app.add_exception_handler(RolloutNotFound, _not_found)  # type: ignore[arg-type]
+    app.add_exception_handler(IllegalTransition, _conflict)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,59 @@
+"""Events: agents and the proxy append; trainers read a rollout's last attempt, raw or as triplets."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response
+from pydantic import ValidationError
+
+from agentlightning.schemas import EVENT_REWARD, ID_PATTERN, Event, EventCreate, RewardData, now
+from agentlightning.server.events import make_record, render_events
+from agentlightning.server.state import GatewayState, get_state
+from agentlightning.server.store import RolloutNotFound, StoredEvent
+
+router = APIRouter(prefix="/api/rollouts", tags=["events"])
+State = Annotated[GatewayState, Depends(get_state)]
+PathId = Annotated[str, Path(pattern=ID_PATTERN)]
+
+
+@router.post("/{rollout_id}/attempt/{attempt_id}/events", response_model=Event)
+async def post_event(rollout_id: PathId, attempt_id: PathId, body: EventCreate, state: State) -> Response:
+    if body.event_type == EVENT_REWARD:
+        try:
+            RewardData.model_validate(body.data)
+        except ValidationError as exc:
+            problems = "; ".join(f"data.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise HTTPException(
+                422, f'a reward event needs data {{"value": <finite number>}}: {problems}'
+            ) from None
+    record = make_record(rollout_id, attempt_id, body.event_type, body.data, now())
+    sequence = await state.store.append_event(record)
+    return Response(render_events([StoredEvent(sequence, record)])[1:-1], media_type="application/json")
+
+
+@router.get(
+    "/{rollout_id}/events",
+    response_class=Response,
+    responses={200: {"model": list[Event], "description": "events of the last attempt, in order"}},
+)
+async def get_events(
+    rollout_id: str,
+    state: State,
+    event_type: Annotated[str | None, Query()] = None,
+    format: Annotated[Literal["raw", "triplet"], Query(description="triplet: the training view")] = "raw",
+    attempt_id: Annotated[str | None, Query(description="an attempt other than the last one")] = None,
+) -> Response:
+    rollout = await state.store.get_rollout(rollout_id)
+    if rollout is None:
+        raise RolloutNotFound(rollout_id)
+    if attempt_id is None:
+        attempt_id = rollout.status.last_attempt_id
+    if attempt_id is None:
+        attempts = await state.store.list_attempts(rollout_id)
+        if not attempts:
+            return Response(b"[]", media_type="application/json")
+        attempt_id = attempts[-1].attempt_id
+    view = "triplet" if format == "triplet" else "data"
+    events = await state.store.list_events(rollout_id, attempt_id, event_type or None, view=view)
+    return Response(render_events(events, view), media_type="application/json")

@@ -1,0 +1,30 @@
+"""Inference endpoints the proxy routes to, registered by the trainer with their policy version."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+
+from agentlightning.schemas import Model
+from agentlightning.server.state import GatewayState, get_state
+
+router = APIRouter(prefix="/api/models", tags=["models"])
+State = Annotated[GatewayState, Depends(get_state)]
+
+
+@router.post("", status_code=201, response_model=list[Model])
+async def register_models(body: list[Model], state: State) -> list[Model]:
+    """Upsert by (model, endpoint): registering again updates the version."""
+    return await state.models.upsert(body)
+
+
+@router.get("", response_model=list[Model])
+async def list_models(state: State) -> list[Model]:
+    return state.models.all()
+
+
+@router.delete("")
+async def delete_models(state: State) -> dict[str, str]:
+    await state.models.clear()
+    return {"status": "ok"}

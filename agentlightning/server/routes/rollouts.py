@@ -1,0 +1,130 @@
+"""Rollouts: create, list (with long-poll), terminal cursor, get, patch, delete."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Response
+
+from agentlightning.schemas import (
+    Attempt,
+    Rollout,
+    RolloutConfig,
+    RolloutCreate,
+    RolloutDetail,
+    RolloutMetadata,
+    RolloutPatch,
+    RolloutState,
+    RolloutStatus,
+    TerminalPage,
+    now,
+)
+from agentlightning.server.state import GatewayState, get_state
+from agentlightning.server.store import RolloutNotFound
+
+router = APIRouter(prefix="/api/rollouts", tags=["rollouts"])
+State = Annotated[GatewayState, Depends(get_state)]
+WaitSeconds = Annotated[
+    float,
+    Query(
+        ge=0,
+        le=3600,
+        description="long-poll: when nothing matches, wait up to this long for a change (capped by the server)",
+    ),
+]
+LONG_POLL_HEADER = "X-Agl-Long-Poll"
+
+
+def _new_rollout(spec: RolloutCreate, at: float) -> Rollout:
+    return Rollout(
+        rollout_id=spec.rollout_id or uuid.uuid4().hex,
+        input=spec.input,
+        is_train=spec.is_train,
+        config=spec.config or RolloutConfig(),
+        metadata=spec.metadata or RolloutMetadata(),
+        status=RolloutStatus(created_at=at, updated_at=at),
+    )
+
+
+@router.post("", status_code=201, response_model=list[Rollout])
+async def create_rollouts(body: list[RolloutCreate], state: State) -> list[Rollout]:
+    at = now()
+    created = await state.store.create_rollouts([_new_rollout(spec, at) for spec in body])
+    state.rollout_changes.notify()
+    return created
+
+
+@router.get("", response_model=list[Rollout])
+async def list_rollouts(
+    state: State,
+    response: Response,
+    state_in: Annotated[list[RolloutState] | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=10000)] = 500,
+    wait_seconds: WaitSeconds = 0,
+) -> list[Rollout]:
+    states = set(state_in) if state_in else None
+
+    async def query() -> list[Rollout]:
+        return await state.store.list_rollouts(states, limit)
+
+    if wait_seconds <= 0:
+        return await query()
+    response.headers[LONG_POLL_HEADER] = "true"
+    wait = min(wait_seconds, state.config.long_poll_max_seconds)
+    return await state.rollout_changes.poll(query, bool, wait)
+
+
+@router.get("/terminal", response_model=TerminalPage)
+async def terminal_rollouts(
+    state: State,
+    response: Response,
+    after: Annotated[int, Query(ge=0, description="cursor: next_after of the previous page")] = 0,
+    limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
+    wait_seconds: WaitSeconds = 0,
+) -> TerminalPage:
+    async def query() -> TerminalPage:
+        return await state.store.list_terminal(after, limit)
+
+    if wait_seconds <= 0:
+        return await query()
+    response.headers[LONG_POLL_HEADER] = "true"
+    wait = min(wait_seconds, state.config.long_poll_max_seconds)
+    return await state.terminal_changes.poll(query, lambda page: bool(page.items), wait)
+
+
+@router.get("/{rollout_id}", response_model=RolloutDetail)
+async def get_rollout(rollout_id: str, state: State) -> RolloutDetail:
+    rollout = await state.store.get_rollout(rollout_id)
+    if rollout is None:
+        raise RolloutNotFound(rollout_id)
+    stats = await state.store.list_attempts(rollout_id)
+    attempts = [
+        Attempt(
+            attempt_id=s.attempt_id,
+            n_events=s.n_events,
+            first_event_at=s.first_event_at,
+            last_event_at=s.last_event_at,
+        )
+        for s in stats
+    ]
+    last = rollout.status.last_attempt_id
+    if last is not None and all(a.attempt_id != last for a in attempts):
+        attempts.append(Attempt(attempt_id=last, n_events=0))  # started, nothing recorded yet
+    return RolloutDetail(rollout=rollout, attempts=attempts)
+
+
+@router.patch("/{rollout_id}", response_model=Rollout)
+async def patch_rollout(rollout_id: str, body: RolloutPatch, state: State) -> Rollout:
+    updated = await state.store.patch_rollout(rollout_id, body.status, now())
+    state.rollout_changes.notify()
+    if updated.status.state.is_terminal and body.status.state is not None:
+        state.terminal_changes.notify()
+    return updated
+
+
+@router.delete("/{rollout_id}", status_code=204, response_class=Response)
+async def delete_rollout(rollout_id: str, state: State) -> Response:
+    if await state.store.delete_rollout(rollout_id):
+        state.rollout_changes.notify()
+    return Response(status_code=204)

@@ -1,0 +1,57 @@
+"""What the Gateway's routes share: config, store, change signals, the model endpoint table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fastapi import Request
+
+from agentlightning.schemas import Model
+from agentlightning.server.config import ServerConfig
+from agentlightning.server.signal import ChangeSignal
+from agentlightning.server.store import Store
+
+
+class ModelTable:
+    """Registered inference endpoints, kept in memory for the proxy's hot path; the store is the record."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._by_name: dict[str, dict[str, Model]] = {}
+
+    async def load(self) -> None:
+        self._by_name.clear()
+        self._remember(await self._store.list_models())
+
+    def _remember(self, models: list[Model]) -> None:
+        for m in models:
+            self._by_name.setdefault(m.model, {})[m.endpoint] = m
+
+    async def upsert(self, models: list[Model]) -> list[Model]:
+        stored = await self._store.upsert_models(models)
+        self._remember(stored)
+        return stored
+
+    async def clear(self) -> None:
+        await self._store.delete_models()
+        self._by_name.clear()
+
+    def all(self) -> list[Model]:
+        return [m for name in sorted(self._by_name) for _, m in sorted(self._by_name[name].items())]
+
+    def endpoints(self, model: str) -> list[Model]:
+        """The endpoints serving `model`, sorted by URL (the order sticky routing hashes over)."""
+        return [m for _, m in sorted(self._by_name.get(model, {}).items())]
+
+
+@dataclass
+class GatewayState:
+    config: ServerConfig
+    store: Store
+    models: ModelTable
+    rollout_changes: ChangeSignal = field(default_factory=ChangeSignal)
+    terminal_changes: ChangeSignal = field(default_factory=ChangeSignal)
+
+
+def get_state(request: Request) -> GatewayState:
+    return request.app.state.gateway

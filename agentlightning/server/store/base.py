@@ -1,0 +1,137 @@
+"""The Gateway's storage interface. Two implementations: SQLite (default, durable) and memory.
+
+Event payloads are stored as JSON bytes, serialized once when appended, together with their
+precomputed triplet view, so reads never re-encode the payload.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Literal
+
+from agentlightning.schemas import (
+    Model,
+    Rollout,
+    RolloutState,
+    RolloutStatusPatch,
+    TerminalPage,
+    check_transition,
+)
+
+
+class RolloutNotFound(KeyError):
+    def __init__(self, rollout_id: str) -> None:
+        super().__init__(rollout_id)
+        self.rollout_id = rollout_id
+
+    def __str__(self) -> str:
+        return f"rollout {self.rollout_id!r} does not exist"
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    """An event ready for storage: payload already serialized."""
+
+    rollout_id: str
+    attempt_id: str
+    event_type: str
+    timestamp: float
+    data: bytes  # JSON of the event's data
+    triplet: bytes | None = None  # JSON of its training view, None if triplets omit it
+    prompt_key: str | None = None  # identifies the prompt for triplet de-duplication
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    sequence: int
+    record: EventRecord
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptStats:
+    attempt_id: str
+    n_events: int
+    first_event_at: float
+    last_event_at: float
+
+
+def apply_patch(rollout: Rollout, patch: RolloutStatusPatch, now: float) -> Rollout:
+    """The patched copy of a rollout, version + 1. Raises IllegalTransition."""
+    status = rollout.status
+    changes = patch.model_dump(exclude_unset=True)
+    target = changes.get("state")
+    if target is not None:
+        check_transition(status.state, RolloutState(target))
+    elif status.state.is_terminal:
+        # Terminal means final: no field of it changes any more.
+        check_transition(status.state, status.state)
+    new_status = status.model_copy(update={**changes, "version": status.version + 1, "updated_at": now})
+    return rollout.model_copy(update={"status": new_status})
+
+
+class Store(abc.ABC):
+    """Async storage of rollouts, events and model endpoints. Safe for one event loop."""
+
+    @abc.abstractmethod
+    async def open(self) -> None: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    # rollouts
+    @abc.abstractmethod
+    async def create_rollouts(self, rollouts: list[Rollout]) -> list[Rollout]:
+        """Insert each; an id that exists already returns the stored rollout unchanged."""
+
+    @abc.abstractmethod
+    async def get_rollout(self, rollout_id: str) -> Rollout | None: ...
+
+    @abc.abstractmethod
+    async def list_rollouts(self, states: Collection[RolloutState] | None, limit: int) -> list[Rollout]:
+        """In creation order; all states when `states` is None."""
+
+    @abc.abstractmethod
+    async def patch_rollout(self, rollout_id: str, patch: RolloutStatusPatch, now: float) -> Rollout:
+        """Atomic read-check-write. Raises RolloutNotFound or IllegalTransition."""
+
+    @abc.abstractmethod
+    async def delete_rollout(self, rollout_id: str) -> bool:
+        """Remove a rollout and its events; False when it did not exist."""
+
+    @abc.abstractmethod
+    async def list_terminal(self, after: int, limit: int) -> TerminalPage:
+        """Terminal rollouts in completion order, after the cursor `after`."""
+
+    # events
+    @abc.abstractmethod
+    async def append_event(self, record: EventRecord) -> int:
+        """Durably append; returns the event's sequence number. Raises RolloutNotFound."""
+
+    @abc.abstractmethod
+    async def list_events(
+        self,
+        rollout_id: str,
+        attempt_id: str | None = None,
+        event_type: str | None = None,
+        view: Literal["data", "triplet"] = "data",
+    ) -> list[StoredEvent]:
+        """One rollout's events in append order, optionally of one attempt and one type.
+
+        `view="triplet"` returns only events with a triplet view and may leave `data` empty.
+        """
+
+    @abc.abstractmethod
+    async def list_attempts(self, rollout_id: str) -> list[AttemptStats]:
+        """The rollout's attempts that have events, sorted by their first event."""
+
+    # model endpoints
+    @abc.abstractmethod
+    async def upsert_models(self, models: list[Model]) -> list[Model]: ...
+
+    @abc.abstractmethod
+    async def list_models(self) -> list[Model]: ...
+
+    @abc.abstractmethod
+    async def delete_models(self) -> None: ...

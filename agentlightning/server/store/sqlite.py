@@ -1,0 +1,434 @@
+"""SQLite store: the default. One file, WAL journal, durable across a crash of the Gateway.
+
+Writes go to one writer thread that commits whatever has queued up in one transaction
+(group commit): an event append costs one row insert, and many concurrent appends share one
+commit. Reads run on a small pool of threads with their own connections; in WAL mode they
+never wait for the writer. A write is acknowledged only after its transaction committed, so
+what the Gateway acknowledged survives a SIGKILL (with `synchronous=full`, a power cut too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable, Collection
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from agentlightning.schemas import (
+    Model,
+    Rollout,
+    RolloutState,
+    RolloutStatusPatch,
+    TerminalItem,
+    TerminalPage,
+)
+from agentlightning.server.store.base import (
+    AttemptStats,
+    EventRecord,
+    RolloutNotFound,
+    Store,
+    StoredEvent,
+    apply_patch,
+)
+
+T = TypeVar("T")
+SCHEMA_VERSION = 1
+MAX_BATCH = 1024
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS rollouts (
+    seq INTEGER PRIMARY KEY,                 -- creation order
+    rollout_id TEXT NOT NULL UNIQUE,
+    state TEXT NOT NULL,
+    terminal_seq INTEGER,                    -- completion order, NULL until terminal
+    data_id TEXT,
+    is_train INTEGER NOT NULL,
+    body BLOB NOT NULL                       -- the Rollout as JSON
+);
+CREATE INDEX IF NOT EXISTS rollouts_by_state ON rollouts(state, seq);
+CREATE UNIQUE INDEX IF NOT EXISTS rollouts_by_completion ON rollouts(terminal_seq)
+    WHERE terminal_seq IS NOT NULL;
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY,                 -- global append order
+    rollout_id TEXT NOT NULL REFERENCES rollouts(rollout_id) ON DELETE CASCADE,
+    attempt_id TEXT NOT NULL,
+    event_type TEXT NOT NULL,
+    ts REAL NOT NULL,
+    data BLOB NOT NULL,
+    triplet BLOB,
+    prompt_key TEXT
+);
+CREATE INDEX IF NOT EXISTS events_by_rollout ON events(rollout_id, attempt_id, seq);
+CREATE TABLE IF NOT EXISTS models (
+    model TEXT NOT NULL,
+    endpoint TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    PRIMARY KEY (model, endpoint)
+);
+"""
+
+
+class StoreLocked(RuntimeError):
+    pass
+
+
+class _Writer(threading.Thread):
+    """Runs write operations in batches, one transaction per batch."""
+
+    def __init__(self, connect: Callable[[], sqlite3.Connection]) -> None:
+        super().__init__(name="agl-sqlite-writer", daemon=True)
+        self._connect = connect
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.failure: BaseException | None = None
+
+    def submit(self, op: Callable[[sqlite3.Connection], T], savepoint: bool) -> asyncio.Future[T]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        if self.failure is not None or not self.is_alive():
+            future.set_exception(RuntimeError(f"the store's writer has stopped: {self.failure}"))
+            return future
+        self._queue.put((op, savepoint, future, loop))
+        return future
+
+    def stop(self) -> None:
+        self._queue.put(None)
+
+    def run(self) -> None:
+        try:
+            conn = self._connect()
+        except BaseException as exc:  # reported to every later submit
+            self.failure = exc
+            return
+        try:
+            while True:
+                item = self._queue.get()
+                if item is None:
+                    return
+                batch = [item]
+                while len(batch) < MAX_BATCH:
+                    try:
+                        nxt = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if nxt is None:
+                        self._queue.put(None)  # finish this batch, then stop
+                        break
+                    batch.append(nxt)
+                self._run_batch(conn, batch)
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _run_batch(conn: sqlite3.Connection, batch: list[Any]) -> None:
+        results: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for op, savepoint, future, _ in batch:
+                if savepoint:
+                    conn.execute("SAVEPOINT op")
+                try:
+                    value = op(conn)
+                except Exception as exc:
+                    if savepoint:
+                        conn.execute("ROLLBACK TO op")
+                        conn.execute("RELEASE op")
+                    results.append((future, None, exc))
+                else:
+                    if savepoint:
+                        conn.execute("RELEASE op")
+                    results.append((future, value, None))
+            conn.execute("COMMIT")
+        except Exception as exc:  # the whole transaction failed: nothing is acknowledged
+            if conn.in_transaction:
+                conn.rollback()
+            results = [(future, None, exc) for _, _, future, _ in batch]
+        by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
+        for (_, _, _, loop), result in zip(batch, results, strict=True):
+            by_loop.setdefault(loop, []).append(result)
+        for loop, loop_results in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_settle, loop_results)
+            except RuntimeError:  # that loop is closed; nobody waits any more
+                pass
+
+
+def _settle(results: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
+    for future, value, exc in results:
+        if future.done():
+            continue
+        if exc is None:
+            future.set_result(value)
+        else:
+            future.set_exception(exc)
+
+
+class SqliteStore(Store):
+    def __init__(
+        self, path: str | os.PathLike[str], synchronous: str = "normal", read_threads: int = 4
+    ) -> None:
+        self.path = Path(path)
+        if synchronous.lower() not in ("normal", "full"):
+            raise ValueError(f"store.synchronous must be 'normal' or 'full', got {synchronous!r}")
+        self._synchronous = synchronous.upper()
+        self._read_threads = read_threads
+        self._writer: _Writer | None = None
+        self._readers: ThreadPoolExecutor | None = None
+        self._reader_local = threading.local()
+        self._reader_conns: list[sqlite3.Connection] = []
+        self._lock_fd: int | None = None
+        self._next_terminal = 1  # touched only by the writer thread after open()
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def _connect(self, readonly: bool = False) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute(f"PRAGMA synchronous={self._synchronous}")
+        if readonly:
+            conn.execute("PRAGMA query_only=ON")
+        return conn
+
+    async def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            raise StoreLocked(
+                f"another process (an agl-server?) is using the store {self.path}; "
+                "stop it or set store.url to another file"
+            ) from None
+        init = self._connect()
+        try:
+            version = init.execute("PRAGMA user_version").fetchone()[0]
+            has_tables = init.execute("SELECT count(*) FROM sqlite_master WHERE name='rollouts'").fetchone()[
+                0
+            ]
+            if has_tables and version != SCHEMA_VERSION:
+                raise RuntimeError(
+                    f"{self.path} has store schema version {version}, this Gateway needs {SCHEMA_VERSION}"
+                )
+            init.execute("PRAGMA journal_mode=WAL")
+            init.executescript(SCHEMA)
+            init.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            last = init.execute("SELECT max(terminal_seq) FROM rollouts").fetchone()[0]
+            self._next_terminal = (last or 0) + 1
+        finally:
+            init.close()
+        self._writer = _Writer(self._connect)
+        self._writer.start()
+        self._readers = ThreadPoolExecutor(
+            max_workers=self._read_threads, thread_name_prefix="agl-sqlite-read"
+        )
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.stop()
+            await asyncio.to_thread(self._writer.join)
+            self._writer = None
+        if self._readers is not None:
+            self._readers.shutdown(wait=True)
+            self._readers = None
+        for conn in self._reader_conns:
+            conn.close()
+        self._reader_conns.clear()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # --- plumbing -------------------------------------------------------------------------
+
+    def _write(self, op: Callable[[sqlite3.Connection], T], savepoint: bool = True) -> asyncio.Future[T]:
+        if self._writer is None:
+            raise RuntimeError("the store is not open")
+        return self._writer.submit(op, savepoint)
+
+    def _reader(self) -> sqlite3.Connection:
+        conn = getattr(self._reader_local, "conn", None)
+        if conn is None:
+            conn = self._connect(readonly=True)
+            self._reader_local.conn = conn
+            self._reader_conns.append(conn)
+        return conn
+
+    async def _read(self, op: Callable[[sqlite3.Connection], T]) -> T:
+        if self._readers is None:
+            raise RuntimeError("the store is not open")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._readers, lambda: op(self._reader()))
+
+    # --- rollouts -------------------------------------------------------------------------
+
+    async def create_rollouts(self, rollouts: list[Rollout]) -> list[Rollout]:
+        rows = [
+            (
+                r.rollout_id,
+                r.status.state.value,
+                r.metadata.data_id,
+                int(r.is_train),
+                r.model_dump_json().encode(),
+            )
+            for r in rollouts
+        ]
+
+        def op(conn: sqlite3.Connection) -> list[Rollout]:
+            out = []
+            for rollout, row in zip(rollouts, rows, strict=True):
+                cur = conn.execute(
+                    "INSERT INTO rollouts(rollout_id, state, data_id, is_train, body) VALUES (?,?,?,?,?) "
+                    "ON CONFLICT(rollout_id) DO NOTHING",
+                    row,
+                )
+                if cur.rowcount:
+                    out.append(rollout)
+                else:
+                    body = conn.execute("SELECT body FROM rollouts WHERE rollout_id=?", (row[0],)).fetchone()[
+                        0
+                    ]
+                    out.append(Rollout.model_validate_json(body))
+            return out
+
+        return await self._write(op)
+
+    async def get_rollout(self, rollout_id: str) -> Rollout | None:
+        row = await self._read(
+            lambda c: c.execute("SELECT body FROM rollouts WHERE rollout_id=?", (rollout_id,)).fetchone()
+        )
+        return Rollout.model_validate_json(row[0]) if row else None
+
+    async def list_rollouts(self, states: Collection[RolloutState] | None, limit: int) -> list[Rollout]:
+        if states is None:
+            sql, args = "SELECT body FROM rollouts ORDER BY seq LIMIT ?", [limit]
+        else:
+            marks = ",".join("?" * len(states))
+            sql = f"SELECT body FROM rollouts WHERE state IN ({marks}) ORDER BY seq LIMIT ?"
+            args = [s.value for s in states] + [limit]
+        rows = await self._read(lambda c: c.execute(sql, args).fetchall())
+        return [Rollout.model_validate_json(r[0]) for r in rows]
+
+    async def patch_rollout(self, rollout_id: str, patch: RolloutStatusPatch, now: float) -> Rollout:
+        def op(conn: sqlite3.Connection) -> Rollout:
+            row = conn.execute("SELECT body FROM rollouts WHERE rollout_id=?", (rollout_id,)).fetchone()
+            if row is None:
+                raise RolloutNotFound(rollout_id)
+            current = Rollout.model_validate_json(row[0])
+            updated = apply_patch(current, patch, now)
+            terminal_seq = None
+            if updated.status.state.is_terminal and not current.status.state.is_terminal:
+                terminal_seq = self._next_terminal
+                self._next_terminal += 1
+            conn.execute(
+                "UPDATE rollouts SET state=?, body=?, terminal_seq=coalesce(?, terminal_seq) WHERE rollout_id=?",
+                (updated.status.state.value, updated.model_dump_json().encode(), terminal_seq, rollout_id),
+            )
+            return updated
+
+        return await self._write(op, savepoint=False)
+
+    async def delete_rollout(self, rollout_id: str) -> bool:
+        def op(conn: sqlite3.Connection) -> bool:
+            return conn.execute("DELETE FROM rollouts WHERE rollout_id=?", (rollout_id,)).rowcount > 0
+
+        return await self._write(op)
+
+    async def list_terminal(self, after: int, limit: int) -> TerminalPage:
+        def op(conn: sqlite3.Connection) -> tuple[list[Any], int]:
+            rows = conn.execute(
+                "SELECT terminal_seq, rollout_id, state, data_id, is_train FROM rollouts "
+                "WHERE terminal_seq > ? ORDER BY terminal_seq LIMIT ?",
+                (after, limit),
+            ).fetchall()
+            total = conn.execute("SELECT count(*) FROM rollouts WHERE terminal_seq IS NOT NULL").fetchone()[0]
+            return rows, total
+
+        rows, total = await self._read(op)
+        items = [TerminalItem(rollout_id=r[1], state=r[2], data_id=r[3], is_train=bool(r[4])) for r in rows]
+        return TerminalPage(items=items, next_after=rows[-1][0] if rows else after, total_terminal=total)
+
+    # --- events ---------------------------------------------------------------------------
+
+    async def append_event(self, record: EventRecord) -> int:
+        row = (
+            record.rollout_id,
+            record.attempt_id,
+            record.event_type,
+            record.timestamp,
+            record.data,
+            record.triplet,
+            record.prompt_key,
+        )
+
+        def op(conn: sqlite3.Connection) -> int:
+            try:
+                cur = conn.execute(
+                    "INSERT INTO events(rollout_id, attempt_id, event_type, ts, data, triplet, prompt_key) "
+                    "VALUES (?,?,?,?,?,?,?)",
+                    row,
+                )
+            except sqlite3.IntegrityError:  # the foreign key: no such rollout
+                raise RolloutNotFound(record.rollout_id) from None
+            return cur.lastrowid  # type: ignore[return-value]
+
+        return await self._write(op, savepoint=False)
+
+    async def list_events(
+        self,
+        rollout_id: str,
+        attempt_id: str | None = None,
+        event_type: str | None = None,
+        view: Literal["data", "triplet"] = "data",
+    ) -> list[StoredEvent]:
+        payload = "data, NULL" if view == "data" else "x'', triplet"
+        sql = f"SELECT seq, attempt_id, event_type, ts, {payload}, prompt_key FROM events WHERE rollout_id=?"
+        args: list[Any] = [rollout_id]
+        if attempt_id is not None:
+            sql += " AND attempt_id=?"
+            args.append(attempt_id)
+        if event_type is not None:
+            sql += " AND event_type=?"
+            args.append(event_type)
+        if view == "triplet":
+            sql += " AND triplet IS NOT NULL"
+        sql += " ORDER BY seq"
+        rows = await self._read(lambda c: c.execute(sql, args).fetchall())
+        return [StoredEvent(r[0], EventRecord(rollout_id, r[1], r[2], r[3], r[4], r[5], r[6])) for r in rows]
+
+    async def list_attempts(self, rollout_id: str) -> list[AttemptStats]:
+        rows = await self._read(
+            lambda c: c.execute(
+                "SELECT attempt_id, count(*), min(ts), max(ts) FROM events WHERE rollout_id=? "
+                "GROUP BY attempt_id ORDER BY min(seq)",
+                (rollout_id,),
+            ).fetchall()
+        )
+        return [AttemptStats(*r) for r in rows]
+
+    # --- models ---------------------------------------------------------------------------
+
+    async def upsert_models(self, models: list[Model]) -> list[Model]:
+        rows = [(m.model, m.endpoint, m.version) for m in models]
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "INSERT INTO models(model, endpoint, version) VALUES (?,?,?) "
+                "ON CONFLICT(model, endpoint) DO UPDATE SET version=excluded.version",
+                rows,
+            )
+
+        await self._write(op)
+        return models
+
+    async def list_models(self) -> list[Model]:
+        rows = await self._read(lambda c: c.execute("SELECT model, endpoint, version FROM models").fetchall())
+        return [Model(model=r[0], endpoint=r[1], version=r[2]) for r in rows]
+
+    async def delete_models(self) -> None:
+        await self._write(lambda conn: conn.execute("DELETE FROM models") and None)

@@ -1,0 +1,113 @@
+"""`format=triplet`: the training view of recorded events.
+
+A `model_request` event becomes `{prompt_token_ids, response_token_ids, response_log_probs,
+server{model,version}, http_status?, status?, error?}` and a `reward` event `{value, source?,
+reason?}`. The conversion runs once, when the event is appended, so reading a rollout's
+triplets is a concatenation of stored bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any
+
+from agentlightning.schemas import EVENT_MODEL_REQUEST, EVENT_REWARD
+
+TRIPLET_EVENT_TYPES = frozenset({EVENT_MODEL_REQUEST, EVENT_REWARD})
+
+
+def _first_choice(response: dict[str, Any]) -> dict[str, Any]:
+    choices = response.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        return choices[0]
+    return {}
+
+
+def _int_list(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        return value
+    return None
+
+
+def _log_probs(choice: dict[str, Any], n_tokens: int) -> list[float] | None:
+    """Chat: `logprobs.content[].logprob`; completions: `logprobs.token_logprobs`.
+
+    None when any is missing or not finite, or when they do not line up with the tokens.
+    """
+    logprobs = choice.get("logprobs")
+    if not isinstance(logprobs, dict):
+        return None
+    content = logprobs.get("content")
+    if isinstance(content, list):
+        values = [item.get("logprob") if isinstance(item, dict) else None for item in content]
+    else:
+        values = logprobs.get("token_logprobs")
+        if not isinstance(values, list):
+            return None
+    out: list[float] = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            return None
+        out.append(float(v))
+    if len(out) != n_tokens:
+        return None
+    return out
+
+
+def model_request_triplet(data: dict[str, Any]) -> dict[str, Any]:
+    response = data.get("response")
+    response = response if isinstance(response, dict) else {}
+    choice = _first_choice(response)
+    # Chat answers carry the prompt ids at the top level; completions carry them per choice.
+    prompt_ids = _int_list(response.get("prompt_token_ids"))
+    if prompt_ids is None:
+        prompt_ids = _int_list(choice.get("prompt_token_ids")) or []
+    response_ids = _int_list(choice.get("token_ids")) or []
+    triplet: dict[str, Any] = {
+        "prompt_token_ids": prompt_ids,
+        "response_token_ids": response_ids,
+        "response_log_probs": _log_probs(choice, len(response_ids)) if response_ids else None,
+    }
+    server = data.get("server")
+    if isinstance(server, dict):
+        triplet["server"] = {"model": server.get("model"), "version": server.get("version", 0)}
+    else:
+        triplet["server"] = None
+    for key in ("http_status", "status", "error"):
+        if data.get(key) is not None:
+            triplet[key] = data[key]
+    return triplet
+
+
+def reward_triplet(data: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"value": data.get("value")}
+    for key in ("source", "reason"):
+        if data.get(key) is not None:
+            out[key] = data[key]
+    return out
+
+
+def to_triplet(event_type: str, data: dict[str, Any]) -> tuple[dict[str, Any], str | None] | None:
+    """The triplet payload of an event and its dedup key, or None for events triplets omit.
+
+    The dedup key identifies the prompt: of several calls with identical prompt token ids only
+    the last is kept (a retried call). Calls without prompt ids (failed ones) are never merged.
+    """
+    if event_type == EVENT_MODEL_REQUEST:
+        triplet = model_request_triplet(data)
+        ids = triplet["prompt_token_ids"]
+        key = hashlib.blake2b(repr(ids).encode(), digest_size=16).hexdigest() if ids else None
+        return triplet, key
+    if event_type == EVENT_REWARD:
+        return reward_triplet(data), None
+    return None
+
+
+def keep_last_per_prompt(keys: list[str | None]) -> list[int]:
+    """Indices to keep: for repeated keys only the last occurrence, each at its own position."""
+    last: dict[str, int] = {}
+    for i, key in enumerate(keys):
+        if key is not None:
+            last[key] = i
+    return [i for i, key in enumerate(keys) if key is None or last[key] == i]
