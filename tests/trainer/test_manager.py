@@ -1,0 +1,186 @@
+"""The rollout manager against a real Gateway process."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import httpx
+import pytest
+
+from agentlightning.client import GatewayClient, NotFound
+from agentlightning.schemas import RolloutState
+from agentlightning.trainer.batch import build_training_batch
+from agentlightning.trainer.config import load_core_config
+from agentlightning.trainer.manager import RolloutManager
+from tests.trainer.driver import Driver, finish, two_turn_calls
+
+
+def _config(gateway, **agl):
+    return load_core_config(
+        {
+            "data": {"train_batch_size": 2},
+            "actor_rollout_ref": {"rollout": {"n": 3}, "actor": {"ppo_mini_batch_size": 1}},
+            "agentlightning": {
+                "agl_base_url": gateway.url,
+                "agl_key": gateway.key,
+                "poll_wait_seconds": 5,
+                **agl,
+            },
+        }
+    )
+
+
+def _count_requests(client: GatewayClient) -> Counter[str]:
+    """Count the client's requests by 'METHOD path-shape' (ids replaced by {id})."""
+    counts: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def hook(request: httpx.Request) -> None:
+        parts = request.url.path.split("/")
+        if len(parts) > 3 and parts[1:3] == ["api", "rollouts"] and parts[3] != "terminal":
+            parts[3] = "{id}"
+        with lock:
+            counts[f"{request.method} {'/'.join(parts)}"] += 1
+
+    client._http.event_hooks["request"] = [hook]
+    return counts
+
+
+def test_submit_creates_groups_with_ids_metadata_and_rollout_config(gateway, tmp_path):
+    template = tmp_path / "job.j2"
+    template.write_text("apiVersion: batch/v1\nkind: Job\n")
+    cfg = _config(
+        gateway,
+        rollout_timeout_seconds=42,
+        local={"agent_class": "my.agents:Solver", "env_map": {"QUESTION": "input.question"}},
+        k8s={"job_template_path": str(template)},
+    )
+    with RolloutManager(cfg) as manager:
+        groups = manager.submit([{"question": "1+1"}, {"question": "2+2"}], step=7)
+        assert [len(g.rollout_ids) for g in groups] == [3, 3]
+        assert len({g.group_id for g in groups}) == 2
+        stored = {r.rollout_id: r for r in manager.client.list_rollouts()}
+        assert len(stored) == 6
+        for g in groups:
+            for j, rid in enumerate(g.rollout_ids):
+                r = stored[rid]
+                assert r.metadata.data_id == g.group_id
+                assert (r.metadata.batch_idx, r.metadata.sample_idx_in_batch) == (7, g.sample_idx)
+                assert r.metadata.model_extra["index_in_group"] == j
+                assert r.input == [{"question": "1+1"}, {"question": "2+2"}][g.sample_idx]
+                assert r.config.timeout_seconds == 42
+                assert r.config.local.agent_class == "my.agents:Solver"
+                assert r.config.local.env_map == {"QUESTION": "input.question"}
+                assert r.config.k8s.job_template == "apiVersion: batch/v1\nkind: Job\n"
+        # a second submit never reuses a group id
+        again = manager.submit([{"question": "1+1"}], step=7)
+        assert again[0].group_id not in {g.group_id for g in groups}
+        assert len(manager.client.list_rollouts()) == 9
+        manager.abandon()
+        assert manager.client.list_rollouts() == []
+
+
+def test_collect_reads_the_terminal_cursor_fetches_triplets_and_deletes(gateway):
+    cfg = _config(gateway)
+    rewards = {0: 1.0, 1: 0.0, 2: 0.5}
+
+    def plan(rollout):
+        j = rollout.metadata.model_extra["index_in_group"]
+        if rollout.input["k"] == 1 and j == 2:
+            return two_turn_calls(j), None, RolloutState.FAILED
+        return two_turn_calls(j, version=0), rewards[j], RolloutState.SUCCEEDED
+
+    with RolloutManager(cfg) as manager, Driver(gateway.url, gateway.key, plan):
+        counts = _count_requests(manager.client)
+        rollouts, metrics = manager.collect([{"k": 0}, {"k": 1}], step=0)
+    assert len(rollouts) == 6 and metrics["timing/collect_s"] > 0
+    by_id = {r.rollout_id: r for r in rollouts}
+    failed = [r for r in rollouts if r.failed]
+    assert len(failed) == 1 and failed[0].state == RolloutState.FAILED
+    for r in rollouts:
+        kinds = [e["event_type"] for e in r.events]
+        assert kinds.count("model_request") == 2
+        assert set(r.events[0]["data"]) >= {"prompt_token_ids", "response_token_ids", "response_log_probs"}
+    assert len(by_id) == 6
+    # one GET per finished rollout's events, a detail read only for the failed one, no per-rollout state polling
+    assert counts["GET /api/rollouts/{id}/events"] == 6
+    assert counts["GET /api/rollouts/{id}"] == 1
+    assert counts["DELETE /api/rollouts/{id}"] == 6
+    assert counts["GET /api/rollouts/terminal"] <= 8
+    with GatewayClient(gateway.url, gateway.key) as client:
+        assert client.list_rollouts() == []
+
+    batch = build_training_batch(rollouts, cfg, step=0, policy_version=0)
+    assert len(batch.rows) == 5  # the failed rollout is dropped
+    row = next(r for r in batch.rows if r.rollout_id.endswith("-0"))
+    assert row.response_mask == [1, 1, 0, 0, 1] and row.reward == 1.0
+
+
+def test_keep_rollouts_leaves_them_on_the_gateway(gateway):
+    cfg = _config(gateway, keep_rollouts=True)
+    with (
+        RolloutManager(cfg) as manager,
+        Driver(gateway.url, gateway.key, lambda r: ([], 1.0, RolloutState.SUCCEEDED)),
+    ):
+        rollouts, _ = manager.collect([{"k": 0}], step=0, n=2)
+        assert {r.rollout_id for r in manager.client.list_rollouts()} == {r.rollout_id for r in rollouts}
+
+
+def test_failed_rollouts_report_their_error_message(gateway):
+    cfg = _config(gateway)
+    with RolloutManager(cfg) as manager:
+        (group,) = manager.submit([{"k": 0}], step=0, n=1)
+        finish(
+            manager.client, group.rollout_ids[0], [], None, RolloutState.FAILED, error_message="agent crashed"
+        )
+        manager.wait(lambda: manager.is_done(group.rollout_ids[0]), timeout=30)
+        (rollout,) = manager.take(group.rollout_ids)
+    assert rollout.failed and rollout.error_message == "agent crashed" and not rollout.lost
+
+
+def test_lost_rollouts_are_failed_by_the_trainer_and_reported(gateway):
+    cfg = _config(gateway, rollout_timeout_seconds=1, rollout_grace_seconds=0)
+    with RolloutManager(cfg) as manager:
+        groups = manager.submit([{"k": 0}], step=0, n=2)
+        running, queued = groups[0].rollout_ids
+        manager.client.patch_rollout(running, state=RolloutState.RUNNING, last_attempt_id="a1")
+        assert manager.wait(lambda: manager.is_done(running) and manager.is_done(queued), timeout=30)
+        got = {r.rollout_id: r for r in manager.take([running, queued])}
+        assert manager.n_lost_total == 2
+        with GatewayClient(gateway.url, gateway.key) as client:
+            for rid in (running, queued):
+                with pytest.raises(NotFound):  # failed, collected, then deleted
+                    client.get_rollout(rid)
+    assert all(r.lost and r.state == RolloutState.FAILED for r in got.values())
+    batch = build_training_batch(got.values(), cfg, step=0)
+    assert batch.metrics["training/n_rollouts_lost"] == 2 and batch.rows == []
+
+
+def test_lost_rollout_messages_say_why(gateway):
+    cfg = _config(gateway, rollout_timeout_seconds=1, rollout_grace_seconds=0, keep_rollouts=True)
+    with RolloutManager(cfg) as manager:
+        (group,) = manager.submit([{"k": 0}], step=0, n=2)
+        running, queued = group.rollout_ids
+        manager.client.patch_rollout(running, state=RolloutState.RUNNING, last_attempt_id="a1")
+        assert manager.wait(lambda: manager.is_done(running) and manager.is_done(queued), timeout=30)
+        got = {r.rollout_id: r for r in manager.take([running, queued])}
+        messages = {rid: manager.client.get_rollout(rid).rollout.status.error_message for rid in got}
+    assert "running for over 1s" in messages[running]
+    assert "no rollout finished" in messages[queued]
+    assert all(r.error_message == messages[r.rollout_id] for r in got.values())
+
+
+def test_a_rollout_deleted_behind_the_trainers_back_is_reported_lost(gateway):
+    cfg = _config(gateway, rollout_timeout_seconds=1, rollout_grace_seconds=0)
+    with RolloutManager(cfg) as manager:
+        (group,) = manager.submit([{"k": 0}], step=0, n=1)
+        manager.client.delete_rollout(group.rollout_ids[0])
+        assert manager.wait(lambda: manager.is_done(group.rollout_ids[0]), timeout=30)
+        (rollout,) = manager.take(group.rollout_ids)
+    assert rollout.lost and rollout.failed and rollout.events == []
+
+
+def test_non_json_sample_is_a_clear_error(gateway):
+    with RolloutManager(_config(gateway)) as manager, pytest.raises(ValueError, match="JSON"):
+        manager.submit([object()], step=0)
