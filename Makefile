@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+LINT_DIRS := $(wildcard agentlightning tests bench examples)
 
 .PHONY: venv test lint demo clean
 
@@ -17,8 +18,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lint: venv
-	$(BIN)/ruff check agentlightning tests bench examples
-	$(BIN)/ruff format --check agentlightning tests bench examples
+	$(BIN)/ruff check $(LINT_DIRS)
+	$(BIN)/ruff format --check $(LINT_DIRS)
 
 test: lint
 	$(BIN)/pytest -q

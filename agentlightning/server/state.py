@@ -53,5 +53,6 @@ class GatewayState:
     terminal_changes: ChangeSignal = field(default_factory=ChangeSignal)
 
 
-def get_state(request: Request) -> GatewayState:
+async def get_state(request: Request) -> GatewayState:
+    # async: a plain def dependency would cost a thread-pool hop on every request
     return request.app.state.gateway

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from agentlightning.schemas import EVENT_REWARD, ID_PATTERN, Event, EventCreate, RewardData, now
@@ -17,8 +18,26 @@ State = Annotated[GatewayState, Depends(get_state)]
 PathId = Annotated[str, Path(pattern=ID_PATTERN)]
 
 
-@router.post("/{rollout_id}/attempt/{attempt_id}/events", response_model=Event)
-async def post_event(rollout_id: PathId, attempt_id: PathId, body: EventCreate, state: State) -> Response:
+# The body is parsed by pydantic-core straight from bytes: several times faster than FastAPI's
+# stdlib-json path for event payloads full of token ids.
+_EVENT_BODY = {"required": True, "content": {"application/json": {"schema": EventCreate.model_json_schema()}}}
+
+
+async def _event_body(request: Request) -> EventCreate:
+    try:
+        return EventCreate.model_validate_json(await request.body())
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        raise RequestValidationError(errors) from None
+
+
+@router.post(
+    "/{rollout_id}/attempt/{attempt_id}/events",
+    response_model=Event,
+    openapi_extra={"requestBody": _EVENT_BODY},
+)
+async def post_event(rollout_id: PathId, attempt_id: PathId, request: Request, state: State) -> Response:
+    body = await _event_body(request)
     if body.event_type == EVENT_REWARD:
         try:
             RewardData.model_validate(body.data)

@@ -2,8 +2,9 @@
 
 Writes go to one writer thread that commits whatever has queued up in one transaction
 (group commit): an event append costs one row insert, and many concurrent appends share one
-commit. Reads run on a small pool of threads with their own connections; in WAL mode they
-never wait for the writer. A write is acknowledged only after its transaction committed, so
+commit. WAL checkpoints (copying the log into the database file, with its fsync) run on a
+background thread instead of inside a writer's commit. Reads run on a small pool of threads
+with their own connections; in WAL mode they never wait for the writer. A write is acknowledged only after its transaction committed, so
 what the Gateway acknowledged survives a SIGKILL (with `synchronous=full`, a power cut too).
 """
 
@@ -40,6 +41,7 @@ from agentlightning.server.store.base import (
 T = TypeVar("T")
 SCHEMA_VERSION = 1
 MAX_BATCH = 1024
+CHECKPOINT_INTERVAL_S = 0.5
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS rollouts (
@@ -78,16 +80,30 @@ class StoreLocked(RuntimeError):
     pass
 
 
-class _Writer(threading.Thread):
-    """Runs write operations in batches, one transaction per batch."""
+INSERT_EVENT = (
+    "INSERT INTO events(seq, rollout_id, attempt_id, event_type, ts, data, triplet, prompt_key) "
+    "VALUES (?,?,?,?,?,?,?,?)"
+)
 
-    def __init__(self, connect: Callable[[], sqlite3.Connection]) -> None:
+
+class _Writer(threading.Thread):
+    """Runs write operations in batches, one transaction per batch.
+
+    Event appends, the hot path, are queued as rows rather than callables, so that a run of
+    them is inserted with one executemany and their sequence numbers are assigned here.
+    """
+
+    def __init__(self, connect: Callable[[], sqlite3.Connection], next_seq: int) -> None:
         super().__init__(name="agl-sqlite-writer", daemon=True)
         self._connect = connect
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._next_seq = next_seq
         self.failure: BaseException | None = None
 
-    def submit(self, op: Callable[[sqlite3.Connection], T], savepoint: bool) -> asyncio.Future[T]:
+    def submit(
+        self, op: Callable[[sqlite3.Connection], T] | tuple[Any, ...], savepoint: bool
+    ) -> asyncio.Future[T]:
+        """`op` is a function of the connection, or an event row (without its sequence)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         if self.failure is not None or not self.is_alive():
@@ -124,38 +140,103 @@ class _Writer(threading.Thread):
         finally:
             conn.close()
 
-    @staticmethod
-    def _run_batch(conn: sqlite3.Connection, batch: list[Any]) -> None:
-        results: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+    def _run_batch(self, conn: sqlite3.Connection, batch: list[Any]) -> None:
+        results: list[tuple[Any, BaseException | None]] = []
+        next_seq = self._next_seq
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for op, savepoint, future, _ in batch:
-                if savepoint:
-                    conn.execute("SAVEPOINT op")
-                try:
-                    value = op(conn)
-                except Exception as exc:
-                    if savepoint:
-                        conn.execute("ROLLBACK TO op")
-                        conn.execute("RELEASE op")
-                    results.append((future, None, exc))
-                else:
-                    if savepoint:
-                        conn.execute("RELEASE op")
-                    results.append((future, value, None))
+            rows: list[tuple[Any, ...]] = []
+            for op, savepoint, _, _ in batch:
+                if isinstance(op, tuple):
+                    rows.append(op)
+                    continue
+                if rows:
+                    next_seq = self._insert_events(conn, rows, next_seq, results)
+                    rows = []
+                results.append(self._run_op(conn, op, savepoint))
+            if rows:
+                next_seq = self._insert_events(conn, rows, next_seq, results)
             conn.execute("COMMIT")
+            self._next_seq = next_seq
         except Exception as exc:  # the whole transaction failed: nothing is acknowledged
             if conn.in_transaction:
                 conn.rollback()
-            results = [(future, None, exc) for _, _, future, _ in batch]
+            results = [(None, exc)] * len(batch)
         by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
-        for (_, _, _, loop), result in zip(batch, results, strict=True):
-            by_loop.setdefault(loop, []).append(result)
+        for (_, _, future, loop), (value, exc) in zip(batch, results, strict=True):
+            by_loop.setdefault(loop, []).append((future, value, exc))
         for loop, loop_results in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_settle, loop_results)
             except RuntimeError:  # that loop is closed; nobody waits any more
                 pass
+
+    @staticmethod
+    def _run_op(
+        conn: sqlite3.Connection, op: Callable[[sqlite3.Connection], Any], savepoint: bool
+    ) -> tuple[Any, BaseException | None]:
+        if savepoint:
+            conn.execute("SAVEPOINT op")
+        try:
+            value = op(conn)
+        except Exception as exc:
+            if savepoint:
+                conn.execute("ROLLBACK TO op")
+                conn.execute("RELEASE op")
+            return None, exc
+        if savepoint:
+            conn.execute("RELEASE op")
+        return value, None
+
+    @staticmethod
+    def _insert_events(
+        conn: sqlite3.Connection,
+        rows: list[tuple[Any, ...]],
+        next_seq: int,
+        results: list[tuple[Any, BaseException | None]],
+    ) -> int:
+        conn.execute("SAVEPOINT events")
+        try:
+            conn.executemany(INSERT_EVENT, [(next_seq + i, *row) for i, row in enumerate(rows)])
+        except sqlite3.IntegrityError:
+            # Some row names a rollout that does not exist: redo them one by one.
+            conn.execute("ROLLBACK TO events")
+            conn.execute("RELEASE events")
+            for row in rows:
+                try:
+                    conn.execute(INSERT_EVENT, (next_seq, *row))
+                except sqlite3.IntegrityError:
+                    results.append((None, RolloutNotFound(row[0])))
+                else:
+                    results.append((next_seq, None))
+                    next_seq += 1
+            return next_seq
+        conn.execute("RELEASE events")
+        results.extend((next_seq + i, None) for i in range(len(rows)))
+        return next_seq + len(rows)
+
+
+class _Checkpointer(threading.Thread):
+    """Folds the WAL into the database file in the background, off the writers' path."""
+
+    def __init__(self, connect: Callable[[], sqlite3.Connection]) -> None:
+        super().__init__(name="agl-sqlite-checkpoint", daemon=True)
+        self._connect = connect
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def run(self) -> None:
+        conn = self._connect()
+        try:
+            while not self._stop_event.wait(CHECKPOINT_INTERVAL_S):
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error:
+            pass  # a checkpoint is an optimisation; SQLite runs one on the next open anyway
+        finally:
+            conn.close()
 
 
 def _settle(results: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
@@ -178,6 +259,7 @@ class SqliteStore(Store):
         self._synchronous = synchronous.upper()
         self._read_threads = read_threads
         self._writer: _Writer | None = None
+        self._checkpointer: _Checkpointer | None = None
         self._readers: ThreadPoolExecutor | None = None
         self._reader_local = threading.local()
         self._reader_conns: list[sqlite3.Connection] = []
@@ -190,6 +272,7 @@ class SqliteStore(Store):
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
+        conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer thread does it
         if readonly:
             conn.execute("PRAGMA query_only=ON")
         return conn
@@ -221,10 +304,13 @@ class SqliteStore(Store):
             init.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             last = init.execute("SELECT max(terminal_seq) FROM rollouts").fetchone()[0]
             self._next_terminal = (last or 0) + 1
+            last_event = init.execute("SELECT max(seq) FROM events").fetchone()[0]
         finally:
             init.close()
-        self._writer = _Writer(self._connect)
+        self._writer = _Writer(self._connect, next_seq=(last_event or 0) + 1)
         self._writer.start()
+        self._checkpointer = _Checkpointer(self._connect)
+        self._checkpointer.start()
         self._readers = ThreadPoolExecutor(
             max_workers=self._read_threads, thread_name_prefix="agl-sqlite-read"
         )
@@ -234,6 +320,10 @@ class SqliteStore(Store):
             self._writer.stop()
             await asyncio.to_thread(self._writer.join)
             self._writer = None
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
+            await asyncio.to_thread(self._checkpointer.join)
+            self._checkpointer = None
         if self._readers is not None:
             self._readers.shutdown(wait=True)
             self._readers = None
@@ -246,7 +336,9 @@ class SqliteStore(Store):
 
     # --- plumbing -------------------------------------------------------------------------
 
-    def _write(self, op: Callable[[sqlite3.Connection], T], savepoint: bool = True) -> asyncio.Future[T]:
+    def _write(
+        self, op: Callable[[sqlite3.Connection], T] | tuple[Any, ...], savepoint: bool = True
+    ) -> asyncio.Future[T]:
         if self._writer is None:
             raise RuntimeError("the store is not open")
         return self._writer.submit(op, savepoint)
@@ -365,19 +457,7 @@ class SqliteStore(Store):
             record.triplet,
             record.prompt_key,
         )
-
-        def op(conn: sqlite3.Connection) -> int:
-            try:
-                cur = conn.execute(
-                    "INSERT INTO events(rollout_id, attempt_id, event_type, ts, data, triplet, prompt_key) "
-                    "VALUES (?,?,?,?,?,?,?)",
-                    row,
-                )
-            except sqlite3.IntegrityError:  # the foreign key: no such rollout
-                raise RolloutNotFound(record.rollout_id) from None
-            return cur.lastrowid  # type: ignore[return-value]
-
-        return await self._write(op, savepoint=False)
+        return await self._write(row)
 
     async def list_events(
         self,
