@@ -8,8 +8,9 @@
   unfinished rollouts is checked; a rollout running longer than its timeout plus a grace
   period, or any unfinished rollout when none of ours has finished for that long (a lost
   controller), is failed by the trainer and reported as lost.
-* Each finished rollout's triplet events are fetched (several at a time) and the rollout is
-  deleted from the Gateway unless `keep_rollouts` is set.
+* Finished rollouts' triplet events are fetched in batch requests (several at a time; one
+  request per rollout from a v1.0 Gateway), then the rollouts are deleted from the Gateway in
+  the background unless `keep_rollouts` is set.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import itertools
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from agentlightning.client import Conflict, GatewayClient, NotFound
+from agentlightning.client import Conflict, GatewayClient, GatewayError, NotFound
 from agentlightning.log import get_logger
 from agentlightning.schemas import (
+    MAX_BATCH_IDS,
     K8sRolloutConfig,
     LocalRolloutConfig,
     RolloutConfig,
@@ -40,6 +42,8 @@ log = get_logger("trainer")
 
 CREATE_CHUNK = 512
 LIST_LIMIT = 10000
+FETCH_BATCH = 32  # rollouts per batch events request: ~3 MB of triplets for long agent runs
+DELETED_BEFORE_READ = "the rollout was deleted from the Gateway before its events were read"
 
 
 @dataclass(slots=True)
@@ -100,15 +104,19 @@ class RolloutManager:
         self._finish_counter = itertools.count()
         self._group_counter = itertools.count()
         self._cursor: int | None = None
+        self._batch_routes: bool | None = None  # None: not known yet
+        self._deletions: list[Future[int]] = []
         self._stall_seconds = agl.rollout_timeout_seconds + agl.rollout_grace_seconds
         self._lost_check_interval = min(60.0, max(1.0, self._stall_seconds / 4))
         self._last_progress = time.monotonic()
         self._last_lost_check = time.monotonic()
         self.n_lost_total = 0
+        self.n_deleted = 0
 
     # --- lifecycle ------------------------------------------------------------------------
 
     def close(self) -> None:
+        self.flush_deletions()
         self._pool.shutdown(wait=True)
         if self._owns_client:
             self.client.close()
@@ -245,38 +253,98 @@ class RolloutManager:
         return len(mine)
 
     def _collect(self, items: Sequence[TerminalItem]) -> None:
-        results = list(self._pool.map(self._fetch, items))
-        for rollout in results:
-            self._done[rollout.rollout_id] = rollout
-            self._finish_seq[rollout.rollout_id] = next(self._finish_counter)
-            self._pending.pop(rollout.rollout_id, None)
+        chunks = [items[i : i + FETCH_BATCH] for i in range(0, len(items), FETCH_BATCH)]
+        for rollouts in self._pool.map(self._fetch_chunk, chunks):
+            for rollout in rollouts:
+                self._done[rollout.rollout_id] = rollout
+                self._finish_seq[rollout.rollout_id] = next(self._finish_counter)
+                self._pending.pop(rollout.rollout_id, None)
         self._last_progress = time.monotonic()
+        if not self.config.agl.keep_rollouts:
+            self._delete_later([item.rollout_id for item in items])
+        self._reap_deletions()
 
-    def _fetch(self, item: TerminalItem) -> CollectedRollout:
-        p = self._pending[item.rollout_id]
-        error_message = None
+    def _fetch_chunk(self, items: Sequence[TerminalItem]) -> list[CollectedRollout]:
+        """Events of several finished rollouts: one batch request, or one each from a v1.0 Gateway."""
+        if self._batch_routes is not False:
+            try:
+                answers = self.client.get_events_batch([item.rollout_id for item in items])
+            except (NotFound, GatewayError) as exc:
+                if isinstance(exc, NotFound) or exc.status_code == 405:
+                    self._batch_routes = False  # no batch routes (v1.0): one request per rollout
+                else:
+                    raise
+            else:
+                self._batch_routes = True
+                return [
+                    self._collected(item, a["events"], a.get("error_message"))
+                    if a["found"]
+                    else self._collected(item, [], DELETED_BEFORE_READ)
+                    for item, a in zip(items, answers, strict=True)
+                ]
+        return [self._fetch_one(item) for item in items]
+
+    def _fetch_one(self, item: TerminalItem) -> CollectedRollout:
         try:
             events = self.client.get_events_json(item.rollout_id, format="triplet")
+            error_message = None
             if item.state != RolloutState.SUCCEEDED:
                 error_message = self.client.get_rollout(item.rollout_id).rollout.status.error_message
         except NotFound:
-            events = []
-            error_message = "the rollout was deleted from the Gateway before its events were read"
-        if not self.config.agl.keep_rollouts:
-            self.client.delete_rollout(item.rollout_id)
+            return self._collected(item, [], DELETED_BEFORE_READ)
+        return self._collected(item, events, error_message)
+
+    def _collected(
+        self, item: TerminalItem, events: list[dict[str, Any]], error_message: str | None
+    ) -> CollectedRollout:
+        p = self._pending[item.rollout_id]
+        state = RolloutState(item.state)
         return CollectedRollout(
             rollout_id=p.rollout_id,
             group_id=p.group_id,
-            state=RolloutState(item.state),
+            state=state,
             events=events,
             is_train=p.is_train,
             step=p.step,
             sample_idx=p.sample_idx,
             index_in_group=p.index_in_group,
-            error_message=error_message,
+            error_message=error_message if state != RolloutState.SUCCEEDED else None,
             lost=p.lost,
             input=p.input,
         )
+
+    # Deletes free the Gateway's storage; nothing waits for them, so they run in the background.
+
+    def _delete_later(self, rollout_ids: list[str]) -> None:
+        self._deletions.append(self._pool.submit(self._delete, rollout_ids))
+
+    def _delete(self, rollout_ids: list[str]) -> int:
+        if self._batch_routes:
+            n = 0
+            for start in range(0, len(rollout_ids), MAX_BATCH_IDS):
+                n += self.client.delete_rollouts(rollout_ids[start : start + MAX_BATCH_IDS])
+            return n
+        for rollout_id in rollout_ids:
+            self.client.delete_rollout(rollout_id)
+        return len(rollout_ids)
+
+    def _reap_deletions(self, wait: bool = False) -> None:
+        """Check finished background deletes (all of them with `wait`); a failed one is logged."""
+        still: list[Future[int]] = []
+        for future in self._deletions:
+            if not wait and not future.done():
+                still.append(future)
+                continue
+            try:
+                self.n_deleted += future.result()
+            except Exception as exc:  # the rollouts stay on the Gateway; training goes on
+                log.warning("delete_failed", error=f"{type(exc).__name__}: {exc}")
+        self._deletions = still
+
+    def flush_deletions(self) -> int:
+        """Wait for the background deletes; returns how many rollouts this manager deleted so far."""
+        self._reap_deletions(wait=True)
+        return self.n_deleted
 
     def _check_lost(self) -> None:
         """Fail the rollouts that will not finish by themselves (see the module docstring)."""
@@ -370,7 +438,7 @@ class RolloutManager:
                 )
             except (Conflict, NotFound):
                 pass
-            if not self.config.agl.keep_rollouts:
-                self.client.delete_rollout(rollout_id)
+        if ids and not self.config.agl.keep_rollouts:
+            self._delete(ids)
         self._pending.clear()
         return len(ids)

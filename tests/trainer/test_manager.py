@@ -38,7 +38,7 @@ def _count_requests(client: GatewayClient) -> Counter[str]:
 
     def hook(request: httpx.Request) -> None:
         parts = request.url.path.split("/")
-        if len(parts) > 3 and parts[1:3] == ["api", "rollouts"] and parts[3] != "terminal":
+        if len(parts) > 3 and parts[1:3] == ["api", "rollouts"] and parts[3] not in ("terminal", "batch"):
             parts[3] = "{id}"
         with lock:
             counts[f"{request.method} {'/'.join(parts)}"] += 1
@@ -94,6 +94,7 @@ def test_collect_reads_the_terminal_cursor_fetches_triplets_and_deletes(gateway)
     with RolloutManager(cfg) as manager, Driver(gateway.url, gateway.key, plan):
         counts = _count_requests(manager.client)
         rollouts, metrics = manager.collect([{"k": 0}, {"k": 1}], step=0)
+        assert manager.flush_deletions() == 6
     assert len(rollouts) == 6 and metrics["timing/collect_s"] > 0
     by_id = {r.rollout_id: r for r in rollouts}
     failed = [r for r in rollouts if r.failed]
@@ -103,10 +104,10 @@ def test_collect_reads_the_terminal_cursor_fetches_triplets_and_deletes(gateway)
         assert kinds.count("model_request") == 2
         assert set(r.events[0]["data"]) >= {"prompt_token_ids", "response_token_ids", "response_log_probs"}
     assert len(by_id) == 6
-    # one GET per finished rollout's events, a detail read only for the failed one, no per-rollout state polling
-    assert counts["GET /api/rollouts/{id}/events"] == 6
-    assert counts["GET /api/rollouts/{id}"] == 1
-    assert counts["DELETE /api/rollouts/{id}"] == 6
+    # batch reads and deletes; no per-rollout requests at all, no state polling
+    assert 1 <= counts["POST /api/rollouts/batch/events"] <= 6
+    assert 1 <= counts["POST /api/rollouts/batch/delete"] <= 6
+    assert not [k for k in counts if "{id}" in k]
     assert counts["GET /api/rollouts/terminal"] <= 8
     with GatewayClient(gateway.url, gateway.key) as client:
         assert client.list_rollouts() == []
@@ -184,3 +185,34 @@ def test_a_rollout_deleted_behind_the_trainers_back_is_reported_lost(gateway):
 def test_non_json_sample_is_a_clear_error(gateway):
     with RolloutManager(_config(gateway)) as manager, pytest.raises(ValueError, match="JSON"):
         manager.submit([object()], step=0)
+
+
+class _NoBatchRoutes(httpx.HTTPTransport):
+    """A v1.0 Gateway: the batch routes do not exist."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if "/batch/" in request.url.path:
+            return httpx.Response(405, json={"detail": "Method Not Allowed"})
+        return super().handle_request(request)
+
+
+def test_without_batch_routes_it_reads_and_deletes_one_rollout_at_a_time(gateway):
+    cfg = _config(gateway)
+
+    def plan(rollout):
+        if rollout.input["k"] == 1:
+            return [], None, RolloutState.FAILED
+        return two_turn_calls(0), 1.0, RolloutState.SUCCEEDED
+
+    client = GatewayClient(gateway.url, gateway.key, transport=_NoBatchRoutes())
+    with RolloutManager(cfg, client=client) as manager, Driver(gateway.url, gateway.key, plan):
+        counts = _count_requests(manager.client)
+        rollouts, _ = manager.collect([{"k": 0}, {"k": 1}], step=0, n=2)
+        assert manager.flush_deletions() == 4
+    assert counts["GET /api/rollouts/{id}/events"] == 4
+    assert counts["GET /api/rollouts/{id}"] == 2  # error messages of the failed ones
+    assert counts["DELETE /api/rollouts/{id}"] == 4
+    assert sorted(len(r.events) for r in rollouts) == [0, 0, 3, 3]
+    assert all(r.failed == (r.input["k"] == 1) for r in rollouts)
+    with GatewayClient(gateway.url, gateway.key) as c:
+        assert c.list_rollouts() == []
