@@ -12,31 +12,29 @@ from agentlightning.server.store.base import EventRecord, StoredEvent
 from agentlightning.server.triplet import keep_last_per_prompt, to_triplet
 
 
+class UnencodableEvent(ValueError):
+    """The event's data cannot be stored as portable JSON."""
+
+
 def make_record(
     rollout_id: str, attempt_id: str, event_type: str, data: dict[str, Any], timestamp: float
 ) -> EventRecord:
+    """Encode an event for storage. Raises UnencodableEvent for integers beyond 64 bits or
+    strings with lone surrogates, which JSON readers elsewhere would not read back the same."""
+    try:
+        encoded = orjson.dumps(data)
+    except orjson.JSONEncodeError as exc:
+        raise UnencodableEvent(f"event data cannot be stored as JSON: {exc}") from None
     triplet = to_triplet(event_type, data)
     return EventRecord(
         rollout_id=rollout_id,
         attempt_id=attempt_id,
         event_type=event_type,
         timestamp=timestamp,
-        data=orjson.dumps(data),
+        data=encoded,
         triplet=orjson.dumps(triplet[0]) if triplet else None,
         prompt_key=triplet[1] if triplet else None,
     )
-
-
-def event_dict(event: StoredEvent) -> dict[str, Any]:
-    r = event.record
-    return {
-        "event_type": r.event_type,
-        "rollout_id": r.rollout_id,
-        "attempt_id": r.attempt_id,
-        "timestamp": r.timestamp,
-        "data": orjson.loads(r.data),
-        "sequence": event.sequence,
-    }
 
 
 def render_events(events: Sequence[StoredEvent], view: Literal["data", "triplet"] = "data") -> bytes:

@@ -241,6 +241,18 @@ def test_event_validation(api: TestClient) -> None:
     assert api.post(url, json={"event_type": "", "data": {}}).status_code == 422
     assert api.post(url, json={"data": {}}).status_code == 422
     assert api.post(url, json={"event_type": "x", "data": [1]}).status_code == 422
+    r = api.post(
+        url,
+        content=b'{"event_type": "x", "data": {"n": 88616459123279527936}}',
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 422 and "64-bit" in r.json()["detail"]
+    r = api.post(
+        url,
+        content=b'{"event_type": "x", "data": {"s": "\\udb35"}}',
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 400 and "not valid JSON" in r.json()["detail"]
     r = api.post("/api/rollouts/ghost/attempt/a/events", json={"event_type": "log", "data": {}})
     assert r.status_code == 404 and "ghost" in r.json()["detail"]
     assert api.get("/api/rollouts/r/events").json() == []

@@ -15,6 +15,7 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", app)
 
 
 @schema.parametrize()
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+# derandomize: CI explores the same cases every run; change the seed locally to explore more.
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 def test_no_server_errors(case: schemathesis.Case) -> None:
     case.call_and_validate(checks=[not_a_server_error])

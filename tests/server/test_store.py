@@ -17,7 +17,7 @@ from agentlightning.schemas import (
     RolloutState,
     RolloutStatusPatch,
 )
-from agentlightning.server.events import make_record
+from agentlightning.server.events import UnencodableEvent, make_record
 from agentlightning.server.store import MemoryStore, RolloutNotFound, SqliteStore, Store, StoreLocked
 
 
@@ -196,6 +196,13 @@ async def test_one_failing_write_does_not_fail_its_batch_neighbours(store: Store
     assert isinstance(results[0], int) and isinstance(results[3], int)
     assert isinstance(results[1], RolloutNotFound) and isinstance(results[2], IllegalTransition)
     assert len(await store.list_events("a")) == 2
+
+
+def test_records_refuse_data_json_cannot_carry() -> None:
+    with pytest.raises(UnencodableEvent, match="64-bit"):
+        make_record("r", "a", "log", {"n": 2**70}, 0.0)
+    with pytest.raises(UnencodableEvent, match="surrogates"):
+        make_record("r", "a", "log", {"s": "\udb35"}, 0.0)
 
 
 async def test_sqlite_persists_across_reopen_and_refuses_a_second_owner(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from agentlightning.schemas import (
     RolloutEvents,
     now,
 )
-from agentlightning.server.events import make_record, render_events
+from agentlightning.server.events import UnencodableEvent, make_record, render_events
 from agentlightning.server.state import GatewayState, get_state
 from agentlightning.server.store import RolloutNotFound, StoredEvent
 
@@ -57,7 +57,10 @@ async def post_event(rollout_id: PathId, attempt_id: PathId, request: Request, s
             raise HTTPException(
                 422, f'a reward event needs data {{"value": <finite number>}}: {problems}'
             ) from None
-    record = make_record(rollout_id, attempt_id, body.event_type, body.data, now())
+    try:
+        record = make_record(rollout_id, attempt_id, body.event_type, body.data, now())
+    except UnencodableEvent as exc:
+        raise HTTPException(422, str(exc)) from None
     sequence = await state.store.append_event(record)
     return Response(render_events([StoredEvent(sequence, record)])[1:-1], media_type="application/json")
 
