@@ -110,6 +110,7 @@ class RolloutManager:
         self._lost_check_interval = min(60.0, max(1.0, self._stall_seconds / 4))
         self._last_progress = time.monotonic()
         self._last_lost_check = time.monotonic()
+        self._left_wait_at: float | None = None
         self.n_lost_total = 0
         self.n_deleted = 0
 
@@ -184,15 +185,14 @@ class RolloutManager:
                 )
                 pending.append(_Pending(rollout_id, group_id, step, i, j, is_train, sample))
         for start in range(0, len(specs), CREATE_CHUNK):
-            chunk = specs[start : start + CREATE_CHUNK]
             try:
-                self.client.create_rollouts(chunk)
+                self.client.create_rollouts(specs[start : start + CREATE_CHUNK])
             except TypeError as exc:
                 raise ValueError(
                     f"a sample cannot be a rollout input: it must be JSON-serializable ({exc})"
                 ) from exc
-        for p in pending:
-            self._pending[p.rollout_id] = p
+            for p in pending[start : start + CREATE_CHUNK]:  # tracked as soon as they exist
+                self._pending[p.rollout_id] = p
         self._last_progress = time.monotonic()
         log.info(
             "rollouts_submitted", step=step, prompts=len(samples), rollouts=len(specs), is_train=is_train
@@ -220,22 +220,33 @@ class RolloutManager:
     def wait(self, until: Callable[[], bool], timeout: float | None = None) -> bool:
         """Collect finished rollouts until `until()` holds (True), or nothing is pending or
         `timeout` passed (False)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        entered = time.monotonic()
+        # The stall clock only runs while someone waits: time spent training between steps
+        # (perhaps with the Gateway paused) is not time in which rollouts failed to finish.
+        if self._left_wait_at is not None:
+            self._last_progress += entered - self._left_wait_at
+            self._last_lost_check += entered - self._left_wait_at
+        deadline = None if timeout is None else entered + timeout
         poll_wait = self.config.agl.poll_wait_seconds
-        while not until():
-            if not self._pending:
-                return False
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                return False
-            if now - self._last_lost_check >= self._lost_check_interval:
-                self._check_lost()
-                continue
-            wait = min(poll_wait, self._last_lost_check + self._lost_check_interval - now)
-            if deadline is not None:
-                wait = min(wait, deadline - now)
-            self.poll(max(wait, 0.0))
-        return True
+        try:
+            if self._pending:
+                self.poll(0.0)  # first, whatever finished meanwhile
+            while not until():
+                if not self._pending:
+                    return False
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    return False
+                if now - self._last_lost_check >= self._lost_check_interval:
+                    self._check_lost()
+                    continue
+                wait = min(poll_wait, self._last_lost_check + self._lost_check_interval - now)
+                if deadline is not None:
+                    wait = min(wait, deadline - now)
+                self.poll(max(wait, 0.0))
+            return True
+        finally:
+            self._left_wait_at = time.monotonic()
 
     def poll(self, wait_seconds: float = 0.0) -> int:
         """Read the terminal cursor once (long-polling up to `wait_seconds`) and collect what
@@ -244,12 +255,13 @@ class RolloutManager:
             raise RuntimeError("nothing to poll for: submit() rollouts first")
         polled = self.client.long_poll_terminal(self._cursor, wait_seconds)
         page = polled.value
-        self._cursor = page.next_after
         mine = [item for item in page.items if item.rollout_id in self._pending]
         if not page.items and not polled.long_polled and wait_seconds > 0:
             time.sleep(min(1.0, wait_seconds))  # a Gateway without long-polls answered at once
         if mine:
             self._collect(mine)
+        # Only now: if a fetch failed, the next poll reads the same page again.
+        self._cursor = page.next_after
         return len(mine)
 
     def _collect(self, items: Sequence[TerminalItem]) -> None:
@@ -415,7 +427,10 @@ class RolloutManager:
 
     def take(self, rollout_ids: Iterable[str]) -> list[CollectedRollout]:
         """Hand over collected rollouts (and forget them). Raises KeyError for one not collected."""
-        return [self._done.pop(rid) for rid in rollout_ids]
+        taken = [self._done.pop(rid) for rid in rollout_ids]
+        for rollout in taken:
+            self._finish_seq.pop(rollout.rollout_id, None)
+        return taken
 
     def collect(
         self, samples: Sequence[Any], step: int, is_train: bool = True, n: int | None = None

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 
 import httpx
 import pytest
 
-from agentlightning.client import GatewayClient, NotFound
+from agentlightning.client import GatewayClient, NotFound, RetryPolicy, ServerError
 from agentlightning.schemas import RolloutState
 from agentlightning.trainer.batch import build_training_batch
 from agentlightning.trainer.config import load_core_config
@@ -216,3 +217,47 @@ def test_without_batch_routes_it_reads_and_deletes_one_rollout_at_a_time(gateway
     assert all(r.failed == (r.input["k"] == 1) for r in rollouts)
     with GatewayClient(gateway.url, gateway.key) as c:
         assert c.list_rollouts() == []
+
+
+def test_time_spent_outside_wait_does_not_count_as_a_stall(gateway):
+    """Async carry-over rollouts stay pending while the trainer trains; that is no stall."""
+    cfg = _config(gateway, rollout_timeout_seconds=1, rollout_grace_seconds=0)
+    with RolloutManager(cfg) as manager:
+        (group,) = manager.submit([{"k": 0}], step=0, n=1)
+        rid = group.rollout_ids[0]
+        assert not manager.wait(lambda: manager.is_done(rid), timeout=0.1)
+        time.sleep(1.5)  # "training", longer than timeout + grace
+        finisher = threading.Timer(0.3, finish, args=(manager.client, rid, two_turn_calls(0), 1.0))
+        finisher.start()
+        assert manager.wait(lambda: manager.is_done(rid), timeout=30)
+        finisher.join()
+        (rollout,) = manager.take([rid])
+    assert not rollout.lost and not rollout.failed and manager.n_lost_total == 0
+
+
+class _FailOnce(httpx.HTTPTransport):
+    """The first batch read fails with a 503."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/batch/events") and not self.failed:
+            self.failed = True
+            return httpx.Response(503, json={"detail": "try later"})
+        return super().handle_request(request)
+
+
+def test_a_failed_fetch_loses_nothing_the_next_wait_reads_it_again(gateway):
+    cfg = _config(gateway)
+    client = GatewayClient(gateway.url, gateway.key, retry=RetryPolicy(attempts=1), transport=_FailOnce())
+    with RolloutManager(cfg, client=client) as manager:
+        (group,) = manager.submit([{"k": 0}], step=0, n=2)
+        for rid in group.rollout_ids:
+            finish(manager.client, rid, two_turn_calls(0), 1.0)
+        with pytest.raises(ServerError):
+            manager.wait(lambda: all(manager.is_done(r) for r in group.rollout_ids), timeout=30)
+        assert manager.wait(lambda: all(manager.is_done(r) for r in group.rollout_ids), timeout=30)
+        rollouts = manager.take(group.rollout_ids)
+    assert all(len(r.events) == 3 for r in rollouts)
