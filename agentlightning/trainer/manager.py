@@ -1,7 +1,9 @@
 """The rollout manager: makes rollouts on the Gateway, waits for them, collects what they recorded.
 
-* `submit` creates `n` rollouts per prompt with pre-assigned ids (creation is idempotent, so
-  the client may retry it), the prompt's group id as `data_id`, and the rollout config.
+* `submit` registers the current inference endpoints with their model version again (an
+  upsert), then creates `n` rollouts per prompt with pre-assigned ids (creation is
+  idempotent, so the client may retry it), the prompt's group id as `data_id`, and the
+  rollout config.
 * Waiting reads the Gateway's terminal cursor with long-polls — one request per change, not
   one per pending rollout per second.
 * A rollout that never ends cannot hang a step: every so often one list of the Gateway's
@@ -158,6 +160,7 @@ class RolloutManager:
             raise ValueError(f"rollouts per prompt must be >= 1, got {n}")
         if self._cursor is None:
             self._cursor = self._cursor_end()  # before creating: nothing of ours can be missed
+        self.publisher.refresh()
         specs: list[RolloutCreate] = []
         groups: list[Group] = []
         pending: list[_Pending] = []

@@ -59,6 +59,14 @@ class EndpointPublisher:
         self.version = version
         log.info("endpoints_registered", model=self.model_name, version=version, endpoints=urls)
 
+    def refresh(self) -> None:
+        """Register the current endpoints and version again (an upsert, never a gap): repairs a
+        Gateway that lost its table, e.g. one restarted with the memory store."""
+        if self.endpoints:
+            self.client.register_models(
+                [Model(model=self.model_name, endpoint=u, version=self.version) for u in self.endpoints]
+            )
+
     def drain(self, timeout: float) -> tuple[bool, int]:
         """Wait until no proxied call is in flight; (drained, calls still in flight)."""
         deadline = time.monotonic() + timeout

@@ -261,3 +261,13 @@ def test_a_failed_fetch_loses_nothing_the_next_wait_reads_it_again(gateway):
         assert manager.wait(lambda: all(manager.is_done(r) for r in group.rollout_ids), timeout=30)
         rollouts = manager.take(group.rollout_ids)
     assert all(len(r.events) == 3 for r in rollouts)
+
+
+def test_submit_registers_the_current_endpoints_again(gateway):
+    with RolloutManager(_config(gateway)) as manager:
+        manager.register_endpoints(["127.0.0.1:9001"], version=3)
+        manager.client.delete_models()  # e.g. a Gateway restarted with the memory store
+        manager.submit([{"k": 0}], step=0, n=1)
+        models = manager.client.list_models()
+        manager.abandon()
+    assert [(m.model, m.endpoint, m.version) for m in models] == [("policy", "http://127.0.0.1:9001/v1", 3)]
