@@ -133,6 +133,7 @@ class Reply:
     drop: bool = False  # close the connection without answering
     drop_after_chunks: int | None = None  # streams: close the connection after this many chunks
     gate: str | None = None  # hold the call until the gate of this name is opened
+    gate_after_chunks: int | None = None  # streams: hold at `gate` after this many chunks, not before
     when: str | None = None  # only for a call whose last message (or prompt) contains this text
     times: int = 1  # how many calls this reply answers
 
@@ -499,7 +500,7 @@ def build_app(state: FakeState) -> web.Application:
         except (ValueError, TypeError) as exc:
             return _error(400, str(exc))
         reply = state.take(call.key_text)
-        if reply.gate is not None:
+        if reply.gate is not None and reply.gate_after_chunks is None:
             await state.gate_event(reply.gate).wait()
         delay = reply.delay or state.delay
         if delay:
@@ -526,6 +527,8 @@ def build_app(state: FakeState) -> web.Application:
                 return response
             if reply.chunk_delay and i:
                 await asyncio.sleep(reply.chunk_delay)
+            if reply.gate is not None and i == reply.gate_after_chunks:
+                await state.gate_event(reply.gate).wait()
             await response.write(chunk)
         await response.write_eof()
         return response

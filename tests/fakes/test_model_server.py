@@ -286,3 +286,26 @@ def test_runs_as_a_process_scripted_over_http(tmp_path: Path) -> None:
         assert bad.status_code == 400 and "contnet" in bad.json()["error"]["message"]
     finally:
         proc.stop()
+
+
+def test_gate_after_chunks_holds_a_stream_midway(fake: FakeModelServer) -> None:
+    import concurrent.futures
+
+    fake.script(Reply(content="a b c d", gate="mid", gate_after_chunks=2))
+    seen: list[str] = []
+
+    def read() -> None:
+        with httpx.stream(
+            "POST", f"{fake.base_url}/chat/completions", json={"messages": USER, "stream": True}
+        ) as r:
+            for line in r.iter_lines():
+                if line:
+                    seen.append(line)
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(read)
+        fake.wait_active(1)
+        assert not future.done()
+        fake.open_gate("mid")
+        future.result(timeout=10)
+    assert seen[-1] == "data: [DONE]" and len(seen) == 7  # role, 4 words, end, [DONE]
