@@ -78,6 +78,48 @@ class StoreLocked(RuntimeError):
     pass
 
 
+class _EventRow:
+    """An event append. The writer inserts consecutive ones with one multi-row statement.
+
+    Each statement the writer runs releases and re-takes the GIL; while the event loop is
+    busy, re-taking it waits for the loop's thread to let go, so one statement per event
+    made a batch of k appends wait k times. One statement per batch waits once.
+    """
+
+    __slots__ = ("row",)
+    COLUMNS = "seq, rollout_id, attempt_id, event_type, ts, data, triplet, prompt_key"
+    CHUNK = 100  # rows per statement: 800 parameters, under any SQLite's limit
+
+    def __init__(self, row: tuple[Any, ...]) -> None:
+        self.row = row
+
+    @classmethod
+    def insert(cls, conn: sqlite3.Connection, rows: list[_EventRow], next_seq: int) -> list[tuple[Any, Any]]:
+        """Insert the rows with sequence numbers from `next_seq`; (seq or None, error or None) each."""
+        out: list[tuple[Any, Any]] = []
+        for start in range(0, len(rows), cls.CHUNK):
+            chunk = rows[start : start + cls.CHUNK]
+            params = [v for i, r in enumerate(chunk) for v in (next_seq + i, *r.row)]
+            marks = ",".join(["(?,?,?,?,?,?,?,?)"] * len(chunk))
+            try:
+                conn.execute(f"INSERT INTO events({cls.COLUMNS}) VALUES {marks}", params)
+            except sqlite3.IntegrityError:  # some rollout does not exist: find which, row by row
+                for r in chunk:
+                    try:
+                        conn.execute(
+                            f"INSERT INTO events({cls.COLUMNS}) VALUES (?,?,?,?,?,?,?,?)", (next_seq, *r.row)
+                        )
+                    except sqlite3.IntegrityError:
+                        out.append((None, RolloutNotFound(r.row[0])))
+                    else:
+                        out.append((next_seq, None))
+                        next_seq += 1
+            else:
+                out.extend((next_seq + i, None) for i in range(len(chunk)))
+                next_seq += len(chunk)
+        return out
+
+
 class _Writer(threading.Thread):
     """Runs write operations in batches, one transaction per batch."""
 
@@ -86,8 +128,9 @@ class _Writer(threading.Thread):
         self._connect = connect
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.failure: BaseException | None = None
+        self._next_seq: int | None = None  # of events; touched only by this thread
 
-    def submit(self, op: Callable[[sqlite3.Connection], T], savepoint: bool) -> asyncio.Future[T]:
+    def submit(self, op: Callable[[sqlite3.Connection], T] | _EventRow, savepoint: bool) -> asyncio.Future[T]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         if self.failure is not None or not self.is_alive():
@@ -124,12 +167,32 @@ class _Writer(threading.Thread):
         finally:
             conn.close()
 
-    @staticmethod
-    def _run_batch(conn: sqlite3.Connection, batch: list[Any]) -> None:
+    def _append_events(self, conn: sqlite3.Connection, ops: list[_EventRow]) -> list[tuple[Any, Any]]:
+        if self._next_seq is None:
+            self._next_seq = conn.execute("SELECT coalesce(max(seq), 0) + 1 FROM events").fetchone()[0]
+        results = _EventRow.insert(conn, ops, self._next_seq)
+        self._next_seq += sum(1 for seq, _ in results if seq is not None)
+        return results
+
+    def _run_batch(self, conn: sqlite3.Connection, batch: list[Any]) -> None:
         results: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        next_seq = self._next_seq
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for op, savepoint, future, _ in batch:
+            i = 0
+            while i < len(batch):
+                if isinstance(batch[i][0], _EventRow):
+                    j = i
+                    while j < len(batch) and isinstance(batch[j][0], _EventRow):
+                        j += 1
+                    rows = self._append_events(conn, [item[0] for item in batch[i:j]])
+                    results.extend(
+                        (item[2], seq, exc) for item, (seq, exc) in zip(batch[i:j], rows, strict=True)
+                    )
+                    i = j
+                    continue
+                op, savepoint, future, _ = batch[i]
+                i += 1
                 if savepoint:
                     conn.execute("SAVEPOINT op")
                 try:
@@ -147,6 +210,7 @@ class _Writer(threading.Thread):
         except Exception as exc:  # the whole transaction failed: nothing is acknowledged
             if conn.in_transaction:
                 conn.rollback()
+            self._next_seq = next_seq
             results = [(future, None, exc) for _, _, future, _ in batch]
         by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
         for (_, _, _, loop), result in zip(batch, results, strict=True):
@@ -366,18 +430,8 @@ class SqliteStore(Store):
             record.prompt_key,
         )
 
-        def op(conn: sqlite3.Connection) -> int:
-            try:
-                cur = conn.execute(
-                    "INSERT INTO events(rollout_id, attempt_id, event_type, ts, data, triplet, prompt_key) "
-                    "VALUES (?,?,?,?,?,?,?)",
-                    row,
-                )
-            except sqlite3.IntegrityError:  # the foreign key: no such rollout
-                raise RolloutNotFound(record.rollout_id) from None
-            return cur.lastrowid  # type: ignore[return-value]
-
-        return await self._write(op, savepoint=False)
+        # The writer coalesces consecutive appends into one statement (see _EventRow).
+        return await self._write(_EventRow(row), savepoint=False)  # type: ignore[arg-type]
 
     async def list_events(
         self,
