@@ -19,12 +19,14 @@ class ModelTable:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._by_name: dict[str, dict[str, Model]] = {}
+        self._sorted: dict[str, list[Model]] = {}  # endpoints() per model, rebuilt after a change
 
     async def load(self) -> None:
         self._by_name.clear()
         self._remember(await self._store.list_models())
 
     def _remember(self, models: list[Model]) -> None:
+        self._sorted.clear()
         for m in models:
             self._by_name.setdefault(m.model, {})[m.endpoint] = m
 
@@ -36,13 +38,20 @@ class ModelTable:
     async def clear(self) -> None:
         await self._store.delete_models()
         self._by_name.clear()
+        self._sorted.clear()
 
     def all(self) -> list[Model]:
         return [m for name in sorted(self._by_name) for _, m in sorted(self._by_name[name].items())]
 
     def endpoints(self, model: str) -> list[Model]:
-        """The endpoints serving `model`, sorted by URL (the order sticky routing hashes over)."""
-        return [m for _, m in sorted(self._by_name.get(model, {}).items())]
+        """The endpoints serving `model`, sorted by URL (the order sticky routing hashes over).
+
+        Read on every proxied call, so kept sorted until the table changes. Do not modify it.
+        """
+        cached = self._sorted.get(model)
+        if cached is None:
+            cached = self._sorted[model] = [m for _, m in sorted(self._by_name.get(model, {}).items())]
+        return cached
 
 
 @dataclass
