@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
+from aiohttp.payload import BytesPayload
+from yarl import URL
 
 from agentlightning.schemas import Model
 from agentlightning.server.config import ProxyConfig
@@ -47,7 +49,8 @@ class UpstreamClient:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
         self._session: aiohttp.ClientSession | None = None
-        self._headers = {"Content-Type": "application/json"}
+        self._headers: dict[str, str] = {}
+        self._urls: dict[str, URL] = {}  # parsed once per endpoint and path
         if config.upstream_key:
             self._headers["Authorization"] = f"Bearer {config.upstream_key}"
 
@@ -63,7 +66,10 @@ class UpstreamClient:
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=c.connect_timeout_seconds, sock_read=c.read_timeout_seconds
         )
-        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False)
+        # No cookies between the Gateway and inference servers; the jar costs time on every call.
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=timeout, trust_env=False, cookie_jar=aiohttp.DummyCookieJar()
+        )
 
     async def close(self) -> None:
         if self._session is not None:
@@ -74,6 +80,15 @@ class UpstreamClient:
         c = self.config
         base = min(c.backoff_seconds * 2**retry, c.max_backoff_seconds)
         return base * random.uniform(1 - c.jitter, 1 + c.jitter)
+
+    def _url(self, endpoint: str, path: str) -> URL:
+        key = endpoint + path
+        url = self._urls.get(key)
+        if url is None:
+            if len(self._urls) > 4096:  # endpoints come and go; keep the cache small
+                self._urls.clear()
+            url = self._urls[key] = URL(endpoint.rstrip("/") + path)
+        return url
 
     async def forward(
         self, pick: Callable[[], Model | None], path: str, body: bytes, stream: bool
@@ -94,10 +109,12 @@ class UpstreamClient:
             model = pick()
             if model is None:
                 return Forwarded(503, None, attempt, error="no_endpoint")
-            url = model.endpoint.rstrip("/") + path
+            url = self._url(model.endpoint, path)
             response: aiohttp.ClientResponse | None = None
             try:
-                response = await self._session.post(url, data=body, headers=self._headers)
+                # A ready payload skips aiohttp's per-call payload type lookup.
+                payload = BytesPayload(body, content_type="application/json")
+                response = await self._session.post(url, data=payload, headers=self._headers)
                 status = response.status
                 content_type = response.headers.get("Content-Type", "application/json")
                 if is_retryable(status):

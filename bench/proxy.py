@@ -1,0 +1,342 @@
+"""Benchmark the model proxy: N concurrent agents through the Gateway vs straight to the model.
+
+One run starts the fake vLLM-shaped model server (`tests/fakes/model_server.py`, answering
+after a fixed delay), one `agl-server` per gateway command (SQLite store: every call is
+persisted), and a load generator in its own process (so it does not share the Gateway's
+core). For each scenario (calls in flight, model delay) it runs the agents straight against
+the model, then through each gateway, and prints throughput, the throughput ratio and the
+latency the Gateway adds (p50/p99), checked against the targets of the proxy issue.
+
+    .venv/bin/python bench/proxy.py                          # the three issue scenarios
+    .venv/bin/python bench/proxy.py --scenarios 64:0.05 --duration 5
+    .venv/bin/python bench/proxy.py --gateway-cmd '/other/venv/bin/agl-server proxy.max_connections=100'
+
+A gateway command gets `port=… key=… log_level=warning` appended, and `store.url=` a fresh
+SQLite file unless it sets one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from agentlightning.client import GatewayClient  # noqa: E402
+from agentlightning.procs import ManagedProcess, free_port  # noqa: E402
+from agentlightning.schemas import Model, RolloutCreate  # noqa: E402
+
+KEY = "bench-key"
+MESSAGES = [
+    {"role": "system", "content": "You are a careful assistant. Answer briefly and show your work."},
+    {
+        "role": "user",
+        "content": "A train leaves at 3pm at 60 km/h; another at 4pm at 90 km/h. When does it catch up?",
+    },
+]
+# (calls in flight, model delay in seconds) -> targets (min throughput ratio, max added p50 in ms)
+TARGETS: dict[tuple[int, float], tuple[float, float | None]] = {
+    (64, 0.05): (0.5, 10.0),
+    (256, 0.05): (0.5, None),
+    (1024, 1.0): (0.9, None),
+}
+
+
+# --- the load generator (runs in its own process) ----------------------------------------------
+
+
+async def _load(urls: list[str], duration: float, warmup: float, body: bytes) -> dict[str, Any]:
+    import aiohttp
+
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    start = time.perf_counter()
+    window_start, window_end = start + warmup, start + warmup + duration
+    completed = total = 0
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=600)
+    headers = {"x-api-key": KEY, "Content-Type": "application/json"}
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
+
+        async def agent(url: str) -> None:
+            nonlocal completed, total
+            while time.perf_counter() < window_end:
+                t0 = time.perf_counter()
+                try:
+                    async with session.post(url, data=body) as r:
+                        await r.read()
+                        ok = r.status == 200
+                        kind = f"HTTP {r.status}"
+                except Exception as exc:  # counted, never fatal: the benchmark reports errors
+                    ok, kind = False, type(exc).__name__
+                t1 = time.perf_counter()
+                total += 1
+                if window_start <= t1 <= window_end:
+                    if ok:
+                        completed += 1
+                        latencies.append(t1 - t0)
+                    else:
+                        errors[kind] = errors.get(kind, 0) + 1
+
+        await asyncio.gather(*(agent(u) for u in urls))
+    latencies.sort()
+    return {
+        "completed": completed,
+        "total": total,
+        "seconds": duration,
+        "latencies": latencies,
+        "errors": errors,
+        "cpu_ms_per_call": time.process_time() * 1000 / max(total, 1),
+    }
+
+
+def worker(args: argparse.Namespace) -> None:
+    spec = json.loads(sys.stdin.read())
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    body = json.dumps({"model": "policy", "messages": MESSAGES, "max_tokens": 32}).encode()
+    result = asyncio.run(_load(spec["urls"], spec["duration"], spec["warmup"], body))
+    lat = result.pop("latencies")
+    result["p50_ms"] = _pct(lat, 0.50) * 1000
+    result["p99_ms"] = _pct(lat, 0.99) * 1000
+    result["mean_ms"] = statistics.fmean(lat) * 1000 if lat else float("nan")
+    print(json.dumps(result))
+
+
+def _pct(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[min(int(q * len(sorted_values)), len(sorted_values) - 1)]
+
+
+def run_load(urls: list[str], duration: float, warmup: float) -> dict[str, Any]:
+    spec = json.dumps({"urls": urls, "duration": duration, "warmup": warmup})
+    out = subprocess.run(
+        [sys.executable, __file__, "--worker"],
+        input=spec,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"load generator failed:\n{out.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    result["rps"] = result["completed"] / result["seconds"]
+    return result
+
+
+# --- the processes under test ---------------------------------------------------------------
+
+
+@dataclass
+class Gateway:
+    label: str
+    url: str
+    process: ManagedProcess
+
+
+def start_model(delay: float, workdir: Path) -> tuple[str, ManagedProcess]:
+    port = free_port()
+    argv = [sys.executable, "-m", "tests.fakes.model_server", "--port", str(port), "--delay", str(delay)]
+    proc = ManagedProcess("fake-model", argv, workdir / f"model-{port}.log", cwd=ROOT).start()
+    url = f"http://127.0.0.1:{port}"
+    proc.wait_http_ok(f"{url}/health")
+    return url, proc
+
+
+def start_gateway(label: str, command: list[str], workdir: Path) -> Gateway:
+    port = free_port()
+    db = workdir / f"gateway-{port}.db"
+    argv = [*command, f"port={port}", f"key={KEY}", "log_level=warning"]
+    if not any(a.startswith("store.url=") for a in command):
+        argv.append(f"store.url=sqlite:///{db}")
+    proc = ManagedProcess(f"gateway {label}", argv, workdir / f"gateway-{port}.log", cwd=ROOT).start()
+    url = f"http://127.0.0.1:{port}"
+    proc.wait_http_ok(f"{url}/healthz")
+    return Gateway(label, url, proc)
+
+
+def prepare(gateway: Gateway, model_url: str, n: int, tag: str) -> list[str]:
+    with GatewayClient(gateway.url, KEY) as client:
+        client.delete_models()
+        client.register_models([Model(model="policy", endpoint=f"{model_url}/v1")])
+        ids = [f"{tag}-{i}" for i in range(n)]
+        for start in range(0, n, 500):
+            client.create_rollouts(
+                [RolloutCreate(rollout_id=r, input={"i": r}) for r in ids[start : start + 500]]
+            )
+    base = f"{gateway.url}/proxy/rollout/{{}}/attempt/a/mode/train/openai/v1/chat/completions"
+    return [base.format(r) for r in ids]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, all its threads (Linux)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def recorded(gateway: Gateway, tag: str, n: int) -> int:
+    with GatewayClient(gateway.url, KEY, timeout=60) as client:
+        return sum(a.n_events for i in range(n) for a in client.get_rollout(f"{tag}-{i}").attempts)
+
+
+# --- the report -----------------------------------------------------------------------------
+
+
+def fmt_row(cells: list[str], widths: list[int]) -> str:
+    return "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--scenarios",
+        default="64:0.05,256:0.05,1024:1.0",
+        help="comma-separated CALLS_IN_FLIGHT:MODEL_DELAY_SECONDS (default: the issue's three)",
+    )
+    parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per run")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds before measuring")
+    parser.add_argument(
+        "--gateway-cmd",
+        action="append",
+        default=[],
+        help="another gateway command to benchmark side by side (repeatable)",
+    )
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+
+    scenarios = []
+    for item in args.scenarios.split(","):
+        n, delay = item.split(":")
+        scenarios.append((int(n), float(delay)))
+    commands = [("ours", [sys.executable, "-m", "agentlightning.server"])]
+    commands += [(f"cmd{i + 1}", shlex.split(c)) for i, c in enumerate(args.gateway_cmd)]
+
+    print(f"machine: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f} before the run")
+    for label, command in commands[1:]:
+        print(f"{label}: {shlex.join(command)}")
+    header = [
+        "in flight",
+        "model",
+        "path",
+        "calls/s",
+        "ratio",
+        "p50 ms",
+        "p99 ms",
+        "+p50 ms",
+        "+p99 ms",
+        "errors",
+        "saved",
+        "cpu ms/call",
+        "target",
+    ]
+    widths = [9, 6, 10, 8, 6, 8, 8, 8, 8, 6, 7, 16, 30]
+    print(fmt_row(header, widths))
+    failures = 0
+    with tempfile.TemporaryDirectory(prefix="agl-bench-") as tmp:
+        workdir = Path(tmp)
+        for n, delay in scenarios:
+            model_url, model = start_model(delay, workdir)
+            gateways = [start_gateway(label, cmd, workdir) for label, cmd in commands]
+            try:
+                model_cpu = cpu_seconds(model.pid)
+                direct = run_load([f"{model_url}/v1/chat/completions"] * n, args.duration, args.warmup)
+                model_cpu = (cpu_seconds(model.pid) - model_cpu) * 1000 / max(direct["total"], 1)
+                direct_cpu = f"{direct['cpu_ms_per_call']:.2f}/{model_cpu:.2f}"
+                cells = [str(n), f"{delay * 1000:.0f}ms", "direct", f"{direct['rps']:.0f}", "1.00"]
+                cells += [
+                    f"{direct['p50_ms']:.1f}",
+                    f"{direct['p99_ms']:.1f}",
+                    "",
+                    "",
+                    str(sum(direct["errors"].values())),
+                    "",
+                    direct_cpu,
+                    "",
+                ]
+                print(fmt_row(cells, widths), flush=True)
+                for gw in gateways:
+                    tag = f"bench-{n}-{gw.label}"
+                    urls = prepare(gw, model_url, n, tag)
+                    cpu_before = cpu_seconds(gw.process.pid), cpu_seconds(model.pid)
+                    via = run_load(urls, args.duration, args.warmup)
+                    gw_cpu = (cpu_seconds(gw.process.pid) - cpu_before[0]) * 1000 / max(via["total"], 1)
+                    model_cpu = (cpu_seconds(model.pid) - cpu_before[1]) * 1000 / max(via["total"], 1)
+                    ratio = via["rps"] / direct["rps"] if direct["rps"] else float("nan")
+                    added50 = via["p50_ms"] - direct["p50_ms"]
+                    added99 = via["p99_ms"] - direct["p99_ms"]
+                    errors = sum(via["errors"].values())
+                    saved = recorded(gw, tag, n)
+                    verdict = ""
+                    target = TARGETS.get((n, delay))
+                    if target is not None:
+                        min_ratio, max_p50 = target
+                        ok = (
+                            ratio >= min_ratio
+                            and (max_p50 is None or added50 <= max_p50)
+                            and (delay < 1 or errors == 0)
+                        )
+                        want = (
+                            f"ratio>={min_ratio}"
+                            + (f", +p50<={max_p50:.0f}" if max_p50 else "")
+                            + (", 0 err" if delay >= 1 else "")
+                        )
+                        verdict = ("PASS " if ok else "FAIL ") + want
+                        failures += not ok
+                    cells = [
+                        str(n),
+                        f"{delay * 1000:.0f}ms",
+                        f"via {gw.label}",
+                        f"{via['rps']:.0f}",
+                        f"{ratio:.2f}",
+                    ]
+                    cells += [
+                        f"{via['p50_ms']:.1f}",
+                        f"{via['p99_ms']:.1f}",
+                        f"{added50:+.1f}",
+                        f"{added99:+.1f}",
+                        str(errors),
+                        str(saved),
+                        f"{via['cpu_ms_per_call']:.2f}/{model_cpu:.2f}/{gw_cpu:.2f}",
+                        verdict,
+                    ]
+                    print(fmt_row(cells, widths), flush=True)
+                    if via["errors"]:
+                        print(f"    errors via {gw.label}: {via['errors']}")
+            finally:
+                for gw in gateways:
+                    gw.process.stop()
+                model.stop()
+    print(
+        f"load average {os.getloadavg()[0]:.2f} after the run; 'saved' counts events in the Gateway's store (all calls, warm-up included)"
+    )
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
