@@ -332,9 +332,10 @@ def main() -> None:
                 for gw in gateways:
                     gw.process.stop()
                 model.stop()
-    print(
-        f"load average {os.getloadavg()[0]:.2f} after the run; 'saved' counts events in the Gateway's store (all calls, warm-up included)"
-    )
+    print(f"load average {os.getloadavg()[0]:.2f} after the run")
+    print("calls/s and latencies: calls completed in the measured window; errors: failed calls in it")
+    print("+p50/+p99: latency added by the gateway; saved: model_request events in its store (every call)")
+    print("cpu ms/call: CPU time per call of the load generator / the model server / the gateway")
     sys.exit(1 if failures else 0)
 
 

@@ -516,3 +516,22 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.02)
     return condition()
+
+
+def test_agent_leaving_a_plain_call_still_records_it(
+    gw: RunningGateway, client: GatewayClient, fake: FakeModelServer
+) -> None:
+    rollout_id = new_rollout(client)
+    fake.script(Reply(content="late answer", gate="slow"))
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{base_url(gw, rollout_id)}/chat/completions",
+            json={"messages": USER},
+            headers={"x-api-key": KEY},
+            timeout=0.5,
+        )
+    assert client.proxy_state().inflight == 1
+    fake.open_gate("slow")
+    assert wait_for(lambda: len(events(client, rollout_id)) == 1)
+    assert events(client, rollout_id)[0]["status"] == "ok"
+    assert wait_for(lambda: client.proxy_state().inflight == 0)
