@@ -146,12 +146,18 @@ class StreamAnswer(Response):
                 assembler.add(chunk)
                 if not self.pass_usage and _usage_only(chunk):
                     return
-            await send({"type": "http.response.body", "body": event, "more_body": True})
+            try:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            except OSError:  # servers on ASGI spec 2.4 raise when the agent has gone
+                self.agent_gone = True
+                self.upstream.close()
 
         try:
             async for data in self.upstream.content.iter_any():
                 for event in splitter.feed(data):
                     await forward(event)
+                    if self.agent_gone:
+                        break
             rest = splitter.rest()
             if rest.strip():
                 await forward(rest + b"\n\n")
