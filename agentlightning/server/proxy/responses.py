@@ -108,7 +108,10 @@ class StreamAnswer(Response):
 
     async def _watch(self, receive: Receive) -> None:
         while True:
-            message = await receive()
+            try:
+                message = await receive()
+            except OSError:  # some servers raise instead of sending http.disconnect
+                message = {"type": "http.disconnect"}
             if message["type"] == "http.disconnect":
                 self.agent_gone = True
                 self.upstream.close()  # stops the pump's read at once
