@@ -535,3 +535,15 @@ def test_agent_leaving_a_plain_call_still_records_it(
     assert wait_for(lambda: len(events(client, rollout_id)) == 1)
     assert events(client, rollout_id)[0]["status"] == "ok"
     assert wait_for(lambda: client.proxy_state().inflight == 0)
+
+
+def test_a_deleted_rollout_gets_404(gw: RunningGateway, client: GatewayClient, fake: FakeModelServer) -> None:
+    rollout_id = new_rollout(client)
+    assert post(gw, rollout_id, "chat/completions", {"messages": USER}).status_code == 200
+    client.delete_rollout(rollout_id)
+    # The proxy remembers rollouts it has seen (no store read per call), so this call reaches
+    # the model; recording it fails, and the agent gets the 404 all the same.
+    r = post(gw, rollout_id, "chat/completions", {"messages": USER})
+    assert r.status_code == 404 and rollout_id in r.json()["detail"]
+    assert post(gw, rollout_id, "chat/completions", {"messages": USER}).status_code == 404
+    assert fake.state.total == 2, "once forgotten, the rollout is checked before the model is called"
