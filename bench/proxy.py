@@ -128,7 +128,7 @@ def _pct(sorted_values: list[float], q: float) -> float:
 def run_load(urls: list[str], duration: float, warmup: float) -> dict[str, Any]:
     spec = json.dumps({"urls": urls, "duration": duration, "warmup": warmup})
     out = subprocess.run(
-        [sys.executable, __file__, "--worker"],
+        pinned([sys.executable, __file__, "--worker"], "others"),
         input=spec,
         capture_output=True,
         text=True,
@@ -144,6 +144,19 @@ def run_load(urls: list[str], duration: float, warmup: float) -> dict[str, Any]:
 
 # --- the processes under test ---------------------------------------------------------------
 
+# CPU placement: by default the gateway gets CPU 0 to itself and the agents (load generator)
+# and the model server share the others, in the direct runs too, as if they were on their
+# own machines. `--no-pin` lets the OS place everything.
+PLACEMENT: dict[str, set[int] | None] = {"gateway": None, "others": None}
+
+
+def pinned(argv: list[str], role: str) -> list[str]:
+    cpus = PLACEMENT[role]
+    if cpus is None:
+        return argv
+    pin = f"import os, sys; os.sched_setaffinity(0, {sorted(cpus)!r}); os.execvp(sys.argv[1], sys.argv[1:])"
+    return [sys.executable, "-c", pin, *argv]
+
 
 @dataclass
 class Gateway:
@@ -155,7 +168,9 @@ class Gateway:
 def start_model(delay: float, workdir: Path) -> tuple[str, ManagedProcess]:
     port = free_port()
     argv = [sys.executable, "-m", "tests.fakes.model_server", "--port", str(port), "--delay", str(delay)]
-    proc = ManagedProcess("fake-model", argv, workdir / f"model-{port}.log", cwd=ROOT).start()
+    proc = ManagedProcess(
+        "fake-model", pinned(argv, "others"), workdir / f"model-{port}.log", cwd=ROOT
+    ).start()
     url = f"http://127.0.0.1:{port}"
     proc.wait_http_ok(f"{url}/health")
     return url, proc
@@ -167,7 +182,9 @@ def start_gateway(label: str, command: list[str], workdir: Path) -> Gateway:
     argv = [*command, f"port={port}", f"key={KEY}", "log_level=warning"]
     if not any(a.startswith("store.url=") for a in command):
         argv.append(f"store.url=sqlite:///{db}")
-    proc = ManagedProcess(f"gateway {label}", argv, workdir / f"gateway-{port}.log", cwd=ROOT).start()
+    proc = ManagedProcess(
+        f"gateway {label}", pinned(argv, "gateway"), workdir / f"gateway-{port}.log", cwd=ROOT
+    ).start()
     url = f"http://127.0.0.1:{port}"
     proc.wait_http_ok(f"{url}/healthz")
     return Gateway(label, url, proc)
@@ -220,6 +237,11 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per run")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds before measuring")
     parser.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="do not give the gateway a CPU of its own (default: CPU 0 for it, the rest for agents and model)",
+    )
+    parser.add_argument(
         "--gateway-cmd",
         action="append",
         default=[],
@@ -237,7 +259,16 @@ def main() -> None:
     commands = [("ours", [sys.executable, "-m", "agentlightning.server"])]
     commands += [(f"cmd{i + 1}", shlex.split(c)) for i, c in enumerate(args.gateway_cmd)]
 
+    cpus = sorted(os.sched_getaffinity(0))
+    if not args.no_pin and len(cpus) >= 2:
+        PLACEMENT["gateway"], PLACEMENT["others"] = {cpus[0]}, set(cpus[1:])
     print(f"machine: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f} before the run")
+    if PLACEMENT["gateway"] is not None:
+        print(
+            f"CPUs: gateway {sorted(PLACEMENT['gateway'])}; load generator and model server {sorted(PLACEMENT['others'] or [])}"
+        )
+    else:
+        print("CPUs: not pinned")
     for label, command in commands[1:]:
         print(f"{label}: {shlex.join(command)}")
     header = [
