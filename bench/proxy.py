@@ -2,10 +2,13 @@
 
 One run starts the fake vLLM-shaped model server (`tests/fakes/model_server.py`, answering
 after a fixed delay), one `agl-server` per gateway command (SQLite store: every call is
-persisted), and a load generator in its own process (so it does not share the Gateway's
-core). For each scenario (calls in flight, model delay) it runs the agents straight against
-the model, then through each gateway, and prints throughput, the throughput ratio and the
-latency the Gateway adds (p50/p99), checked against the targets of the proxy issue.
+persisted), and a load generator in its own process. By default the gateway gets CPU 0 to
+itself and the load generator and model server share the other CPUs, as if each were on its
+own machine (`--no-pin`: let the OS place them). For each scenario (calls in flight, model
+delay) it runs the agents straight against the model and through each gateway, `--repeat`
+times interleaved (machine load changes), and prints the median run's throughput, the
+throughput ratio and the latency the gateway adds (p50/p99), checked against the targets of
+the proxy issue, with the CPU time per call of every process.
 
     .venv/bin/python bench/proxy.py                          # the three issue scenarios
     .venv/bin/python bench/proxy.py --scenarios 64:0.05 --duration 5
@@ -220,6 +223,30 @@ def recorded(gateway: Gateway, tag: str, n: int) -> int:
 # --- the report -----------------------------------------------------------------------------
 
 
+def measure(
+    urls: list[str], args: argparse.Namespace, model: ManagedProcess, gw: Gateway | None
+) -> dict[str, Any]:
+    """One load run, with the CPU time per call of each process."""
+    before = cpu_seconds(model.pid), cpu_seconds(gw.process.pid) if gw else 0.0
+    result = run_load(urls, args.duration, args.warmup)
+    calls = max(result["total"], 1)
+    model_ms = (cpu_seconds(model.pid) - before[0]) * 1000 / calls
+    cpu = f"{result['cpu_ms_per_call']:.2f}/{model_ms:.2f}"
+    if gw is not None:
+        cpu += f"/{(cpu_seconds(gw.process.pid) - before[1]) * 1000 / calls:.2f}"
+    return {**result, "cpu": cpu}
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median throughput; errors summed over all runs."""
+    chosen = sorted(runs, key=lambda r: r["rps"])[len(runs) // 2]
+    kinds: dict[str, int] = {}
+    for r in runs:
+        for kind, count in r["errors"].items():
+            kinds[kind] = kinds.get(kind, 0) + count
+    return {**chosen, "errors": sum(kinds.values()), "error_kinds": kinds}
+
+
 def fmt_row(cells: list[str], widths: list[int]) -> str:
     return "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))
 
@@ -234,7 +261,10 @@ def main() -> None:
         default="64:0.05,256:0.05,1024:1.0",
         help="comma-separated CALLS_IN_FLIGHT:MODEL_DELAY_SECONDS (default: the issue's three)",
     )
-    parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per run")
+    parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per run")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="runs per path, interleaved; the median-throughput run is shown"
+    )
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds before measuring")
     parser.add_argument(
         "--no-pin",
@@ -295,34 +325,26 @@ def main() -> None:
             model_url, model = start_model(delay, workdir)
             gateways = [start_gateway(label, cmd, workdir) for label, cmd in commands]
             try:
-                model_cpu = cpu_seconds(model.pid)
-                direct = run_load([f"{model_url}/v1/chat/completions"] * n, args.duration, args.warmup)
-                model_cpu = (cpu_seconds(model.pid) - model_cpu) * 1000 / max(direct["total"], 1)
-                direct_cpu = f"{direct['cpu_ms_per_call']:.2f}/{model_cpu:.2f}"
+                paths: dict[str, tuple[list[str], Gateway | None]] = {
+                    "direct": ([f"{model_url}/v1/chat/completions"] * n, None)
+                }
+                for gw in gateways:
+                    paths[f"via {gw.label}"] = (prepare(gw, model_url, n, f"bench-{n}-{gw.label}"), gw)
+                runs: dict[str, list[dict[str, Any]]] = {name: [] for name in paths}
+                for _ in range(args.repeat):  # interleaved, so that a change in machine load hits all paths
+                    for name, (urls, gw) in paths.items():
+                        runs[name].append(measure(urls, args, model, gw))
+                direct = median_run(runs["direct"])
                 cells = [str(n), f"{delay * 1000:.0f}ms", "direct", f"{direct['rps']:.0f}", "1.00"]
-                cells += [
-                    f"{direct['p50_ms']:.1f}",
-                    f"{direct['p99_ms']:.1f}",
-                    "",
-                    "",
-                    str(sum(direct["errors"].values())),
-                    "",
-                    direct_cpu,
-                    "",
-                ]
+                cells += [f"{direct['p50_ms']:.1f}", f"{direct['p99_ms']:.1f}", "", ""]
+                cells += [str(direct["errors"]), "", direct["cpu"], ""]
                 print(fmt_row(cells, widths), flush=True)
                 for gw in gateways:
-                    tag = f"bench-{n}-{gw.label}"
-                    urls = prepare(gw, model_url, n, tag)
-                    cpu_before = cpu_seconds(gw.process.pid), cpu_seconds(model.pid)
-                    via = run_load(urls, args.duration, args.warmup)
-                    gw_cpu = (cpu_seconds(gw.process.pid) - cpu_before[0]) * 1000 / max(via["total"], 1)
-                    model_cpu = (cpu_seconds(model.pid) - cpu_before[1]) * 1000 / max(via["total"], 1)
+                    via = median_run(runs[f"via {gw.label}"])
                     ratio = via["rps"] / direct["rps"] if direct["rps"] else float("nan")
                     added50 = via["p50_ms"] - direct["p50_ms"]
                     added99 = via["p99_ms"] - direct["p99_ms"]
-                    errors = sum(via["errors"].values())
-                    saved = recorded(gw, tag, n)
+                    saved = recorded(gw, f"bench-{n}-{gw.label}", n)
                     verdict = ""
                     target = TARGETS.get((n, delay))
                     if target is not None:
@@ -330,7 +352,7 @@ def main() -> None:
                         ok = (
                             ratio >= min_ratio
                             and (max_p50 is None or added50 <= max_p50)
-                            and (delay < 1 or errors == 0)
+                            and (delay < 1 or via["errors"] == 0)
                         )
                         want = (
                             f"ratio>={min_ratio}"
@@ -351,20 +373,19 @@ def main() -> None:
                         f"{via['p99_ms']:.1f}",
                         f"{added50:+.1f}",
                         f"{added99:+.1f}",
-                        str(errors),
-                        str(saved),
-                        f"{via['cpu_ms_per_call']:.2f}/{model_cpu:.2f}/{gw_cpu:.2f}",
-                        verdict,
                     ]
+                    cells += [str(via["errors"]), str(saved), via["cpu"], verdict]
                     print(fmt_row(cells, widths), flush=True)
-                    if via["errors"]:
-                        print(f"    errors via {gw.label}: {via['errors']}")
+                    if via["error_kinds"]:
+                        print(f"    errors via {gw.label}: {via['error_kinds']}")
             finally:
                 for gw in gateways:
                     gw.process.stop()
                 model.stop()
     print(f"load average {os.getloadavg()[0]:.2f} after the run")
-    print("calls/s and latencies: calls completed in the measured window; errors: failed calls in it")
+    print(
+        "calls/s and latencies: of the median run (by calls/s) of each path; errors: failed calls, all runs"
+    )
     print("+p50/+p99: latency added by the gateway; saved: model_request events in its store (every call)")
     print("cpu ms/call: CPU time per call of the load generator / the model server / the gateway")
     sys.exit(1 if failures else 0)
