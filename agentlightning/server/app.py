@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import inspect
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -33,6 +34,12 @@ _NO_TELEMETRY: dict[str, Any] = (
     else {}
 )
 
+# Python's cyclic GC, at its default thresholds, spent ~25% of the Gateway's CPU with a
+# thousand proxied calls in flight (bench/proxy.py at 1024 in flight: 0.49 -> 0.32 ms of CPU per call):
+# every call allocates many short-lived containers, and each collection walks all live ones.
+# Collect less often, and never walk the objects that exist once the app has started.
+GC_THRESHOLDS = (50_000, 20, 20)
+
 ROUTERS: list[APIRouter] = [health.router, rollouts.router, events.router, models.router, proxy.router]
 
 
@@ -53,6 +60,10 @@ def create_app(
         await store.open()
         await state.models.load()
         await state.proxy.open()
+        gc_before = gc.get_threshold()
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
         if not config.key:
             log.warning(
                 "auth_disabled", hint="set key=... so that only holders of the key can use the Gateway"
@@ -61,6 +72,8 @@ def create_app(
         try:
             yield
         finally:
+            gc.set_threshold(*gc_before)
+            gc.unfreeze()
             await state.proxy.close()
             await store.close()
 
