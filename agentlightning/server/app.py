@@ -34,8 +34,8 @@ _NO_TELEMETRY: dict[str, Any] = (
     else {}
 )
 
-# Python's cyclic GC, at its default thresholds, spent ~25% of the Gateway's CPU with a
-# thousand proxied calls in flight (bench/proxy.py at 1024 in flight: 0.49 -> 0.32 ms of CPU per call):
+# Python's cyclic GC, at its default thresholds, took a third of the Gateway's CPU with a
+# thousand proxied calls in flight (bench/proxy.py, 1024 in flight: 0.49 -> 0.32 ms per call):
 # every call allocates many short-lived containers, and each collection walks all live ones.
 # Collect less often, and never walk the objects that exist once the app has started.
 GC_THRESHOLDS = (50_000, 20, 20)
