@@ -2,9 +2,8 @@
 
 One run starts the fake vLLM-shaped model server (`tests/fakes/model_server.py`, answering
 after a fixed delay), one `agl-server` per gateway command (SQLite store: every call is
-persisted), and a load generator in its own process. By default the gateway gets CPU 0 to
-itself and the load generator and model server share the other CPUs, as if each were on its
-own machine (`--no-pin`: let the OS place them). For each scenario (calls in flight, model
+persisted), and a load generator in its own process (`--pin`: the gateway gets CPU 0 to
+itself, the load generator and model server the others). For each scenario (calls in flight, model
 delay) it runs the agents straight against the model and through each gateway, `--repeat`
 times interleaved (machine load changes), and prints the median run's throughput, the
 throughput ratio and the latency the gateway adds (p50/p99), checked against the targets of
@@ -147,9 +146,10 @@ def run_load(urls: list[str], duration: float, warmup: float) -> dict[str, Any]:
 
 # --- the processes under test ---------------------------------------------------------------
 
-# CPU placement: by default the gateway gets CPU 0 to itself and the agents (load generator)
-# and the model server share the others, in the direct runs too, as if they were on their
-# own machines. `--no-pin` lets the OS place everything.
+# CPU placement. `--pin` gives the gateway CPU 0 to itself and the agents (load generator)
+# and the model server the others, in the direct runs too, as if each were on its own
+# machine. The default lets the OS place everything: on a machine shared with other work a
+# pinned gateway cannot move off a core that something else keeps busy.
 PLACEMENT: dict[str, set[int] | None] = {"gateway": None, "others": None}
 
 
@@ -267,9 +267,9 @@ def main() -> None:
     )
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds before measuring")
     parser.add_argument(
-        "--no-pin",
+        "--pin",
         action="store_true",
-        help="do not give the gateway a CPU of its own (default: CPU 0 for it, the rest for agents and model)",
+        help="give the gateway CPU 0 to itself and the load generator and model server the others",
     )
     parser.add_argument(
         "--gateway-cmd",
@@ -290,7 +290,7 @@ def main() -> None:
     commands += [(f"cmd{i + 1}", shlex.split(c)) for i, c in enumerate(args.gateway_cmd)]
 
     cpus = sorted(os.sched_getaffinity(0))
-    if not args.no_pin and len(cpus) >= 2:
+    if args.pin and len(cpus) >= 2:
         PLACEMENT["gateway"], PLACEMENT["others"] = {cpus[0]}, set(cpus[1:])
     print(f"machine: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f} before the run")
     if PLACEMENT["gateway"] is not None:
