@@ -1,4 +1,4 @@
-"""Which HTTP client should carry the proxy's upstream calls? httpx vs aiohttp, side by side.
+"""Which HTTP client should carry the proxy's upstream calls? httpx, httpx2, aiohttp side by side.
 
 Each client, in its own process, keeps N calls in flight against the fake model server for a
 fixed time, with an unlimited connection pool (the proxy's pool must not cap concurrency).
@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from agentlightning.procs import ManagedProcess, free_port  # noqa: E402
 
+CLIENTS = ("httpx", "httpx2", "aiohttp")  # httpx2: the httpx fork the OpenAI SDK now uses
 BODY = json.dumps({"model": "policy", "messages": [{"role": "user", "content": "hello there"}]}).encode()
 
 
@@ -44,8 +45,10 @@ async def _run(client: str, url: str, n: int, duration: float, warmup: float) ->
             if ok and window[0] <= t1 <= window[1]:
                 latencies.append(t1 - t0)
 
-    if client == "httpx":
-        import httpx
+    if client in ("httpx", "httpx2"):
+        import importlib
+
+        httpx = importlib.import_module(client)
 
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         async with httpx.AsyncClient(limits=limits, timeout=600) as session:
@@ -108,7 +111,7 @@ def main() -> None:
         try:
             model.wait_http_ok(f"http://127.0.0.1:{port}/health")
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
-            for client in ("httpx", "aiohttp"):
+            for client in CLIENTS:
                 cmd = [
                     sys.executable,
                     __file__,
