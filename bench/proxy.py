@@ -72,8 +72,9 @@ async def _load(urls: list[str], duration: float, warmup: float, body: bytes) ->
     headers = {"x-api-key": KEY, "Content-Type": "application/json"}
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
 
-        async def agent(url: str) -> None:
+        async def agent(url: str, start_after: float) -> None:
             nonlocal completed, total
+            await asyncio.sleep(start_after)
             while time.perf_counter() < window_end:
                 t0 = time.perf_counter()
                 try:
@@ -92,7 +93,11 @@ async def _load(urls: list[str], duration: float, warmup: float, body: bytes) ->
                     else:
                         errors[kind] = errors.get(kind, 0) + 1
 
-        await asyncio.gather(*(agent(u) for u in urls))
+        # Agents start spread over the first half of the warm-up, as a population of agents
+        # would, not all in the same millisecond: with a fixed model delay, a synchronized
+        # start would go on as waves of N calls at once, a burst test rather than steady state.
+        spread = warmup / 2
+        await asyncio.gather(*(agent(u, spread * i / len(urls)) for i, u in enumerate(urls)))
     latencies.sort()
     return {
         "completed": completed,
