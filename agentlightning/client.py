@@ -335,9 +335,12 @@ class GatewayClient(_ClientBase):
         timeout: float = 30.0,
         retry: RetryPolicy | None = None,
         max_connections: int = 64,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
         super().__init__(base_url, key, timeout, retry or RetryPolicy())
-        self._http = httpx.Client(limits=httpx.Limits(max_connections=max_connections), trust_env=False)
+        self._http = httpx.Client(
+            limits=httpx.Limits(max_connections=max_connections), trust_env=False, transport=transport
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -443,9 +446,12 @@ class AsyncGatewayClient(_ClientBase):
         timeout: float = 30.0,
         retry: RetryPolicy | None = None,
         max_connections: int = 64,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         super().__init__(base_url, key, timeout, retry or RetryPolicy())
-        self._http = httpx.AsyncClient(limits=httpx.Limits(max_connections=max_connections), trust_env=False)
+        self._http = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=max_connections), trust_env=False, transport=transport
+        )
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -9,6 +9,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 USAGE = """usage: {prog} [--config FILE.yaml] [key=value ...]
 
@@ -38,14 +39,16 @@ def load_cli_config(config_name: str, argv: Sequence[str], prog: str) -> DictCon
     bad = [a for a in args if "=" not in a or a.startswith("-")]
     if bad:
         _fail(prog, f"arguments must be key=value overrides, got {bad[0]!r}")
-    base = _compose(config_name, [])
-    if user_file is not None:
-        base = OmegaConf.merge(base, OmegaConf.load(user_file))
+    # `key=` means the empty string, not null
+    args = [f"{a}''" if a.endswith("=") else a for a in args]
     try:
-        override_cfg = OmegaConf.from_dotlist(args)
-    except Exception as exc:
-        _fail(prog, f"bad override: {exc}")
-    return OmegaConf.merge(base, override_cfg)  # type: ignore[return-value]
+        base = _compose(config_name, [])
+        if user_file is not None:
+            base = OmegaConf.merge(base, OmegaConf.load(user_file))
+        return OmegaConf.merge(base, OmegaConf.from_dotlist(args))  # type: ignore[return-value]
+    except (OmegaConfBaseException, ValueError) as exc:
+        _fail(prog, f"bad config: {exc}")
+        raise  # unreachable: _fail exits
 
 
 def _compose(config_name: str, overrides: list[str]) -> DictConfig:

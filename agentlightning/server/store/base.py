@@ -61,6 +61,8 @@ def apply_patch(rollout: Rollout, patch: RolloutStatusPatch, now: float) -> Roll
     """The patched copy of a rollout, version + 1. Raises IllegalTransition."""
     status = rollout.status
     changes = patch.model_dump(exclude_unset=True)
+    if changes.get("state") is None:  # `"state": null` means "no state change", as if absent
+        changes.pop("state", None)
     target = changes.get("state")
     if target is not None:
         check_transition(status.state, RolloutState(target))

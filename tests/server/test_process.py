@@ -1,0 +1,134 @@
+"""The real `agl-server` process: CLI config, auth, and durability across SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from agentlightning.client import AsyncGatewayClient, GatewayClient, Unauthorized
+from agentlightning.procs import ManagedProcess, free_port
+from tests.conftest import RunningGateway
+
+
+def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agentlightning.server", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_cli_overrides_as_in_the_issue(tmp_path: Path) -> None:
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "agentlightning.server",
+        f"port={port}",
+        "key=dummy",
+        "default_proxy.model_name=Qwen/Qwen2.5-1.5B-Instruct",
+        f"store.url=sqlite:///{tmp_path / 'g.db'}",
+    ]
+    proc = ManagedProcess("agl-server", argv, tmp_path / "log").start()
+    try:
+        proc.wait_http_ok(f"http://127.0.0.1:{port}/healthz")
+        with GatewayClient(f"http://127.0.0.1:{port}", key="dummy") as c:
+            assert c.list_rollouts() == []
+        with GatewayClient(f"http://127.0.0.1:{port}", key="wrong") as c, pytest.raises(Unauthorized):
+            c.list_rollouts()
+        assert "Qwen/Qwen2.5-1.5B-Instruct" in proc.log_tail()
+    finally:
+        proc.stop()
+    assert (tmp_path / "g.db").exists()
+
+
+def test_cli_rejects_bad_config_naming_the_key() -> None:
+    r = run_cli("port=notanumber")
+    assert r.returncode == 2 and "port" in r.stderr
+    r = run_cli("colour=red")
+    assert r.returncode == 2 and "colour" in r.stderr
+    r = run_cli("store.url=postgres://x")
+    assert r.returncode == 2 and "store.url" in r.stderr
+    r = run_cli("--bogus")
+    assert r.returncode == 2 and "--bogus" in r.stderr
+
+
+def test_cli_help_lists_the_defaults() -> None:
+    r = run_cli("--help")
+    assert r.returncode == 0 and "default_proxy" in r.stdout and "store" in r.stdout
+
+
+def test_cli_config_file_then_overrides(tmp_path: Path) -> None:
+    cfg = tmp_path / "gw.yaml"
+    port = free_port()
+    cfg.write_text(f"port: 1\nkey: from-file\nstore:\n  url: sqlite:///{tmp_path / 'f.db'}\n")
+    argv = [sys.executable, "-m", "agentlightning.server", "--config", str(cfg), f"port={port}"]
+    proc = ManagedProcess("agl-server", argv, tmp_path / "log").start()
+    try:
+        proc.wait_http_ok(f"http://127.0.0.1:{port}/healthz")
+        with GatewayClient(f"http://127.0.0.1:{port}", key="from-file") as c:
+            assert c.list_rollouts() == []
+    finally:
+        proc.stop()
+
+
+def test_empty_key_disables_auth_with_a_warning(gateway_factory: Callable[..., RunningGateway]) -> None:
+    gw = gateway_factory(key="")
+    with GatewayClient(gw.url) as c:
+        assert c.create_rollouts([{"rollout_id": "open"}])[0].rollout_id == "open"
+    assert "auth_disabled" in gw.process.log_tail()
+
+
+def test_second_server_on_the_same_file_refuses_to_start(gateway: RunningGateway, tmp_path: Path) -> None:
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "agentlightning.server",
+        f"port={port}",
+        f"store.url=sqlite:///{gateway.db_path}",
+    ]
+    proc = ManagedProcess("agl-server-2", argv, tmp_path / "second.log").start()
+    assert proc.proc is not None and proc.proc.wait(30) != 0
+    assert "another process" in proc.log_tail()
+
+
+def test_acknowledged_writes_survive_sigkill(
+    gateway_factory: Callable[..., RunningGateway], tmp_path: Path
+) -> None:
+    gw = gateway_factory()
+    n_rollouts, n_events = 40, 25
+
+    async def write() -> None:
+        async with AsyncGatewayClient(gw.url, key=gw.key) as c:
+            await c.create_rollouts([{"rollout_id": f"r{i}", "input": {"i": i}} for i in range(n_rollouts)])
+            await c.register_models([{"model": "policy", "endpoint": "http://m/v1", "version": 7}])
+            await asyncio.gather(
+                *(
+                    c.post_event(f"r{i}", "a1", "model_request", {"i": i, "j": j, "blob": "x" * 2000})
+                    for i in range(n_rollouts)
+                    for j in range(n_events)
+                )
+            )
+            for i in range(0, n_rollouts, 2):
+                await c.patch_rollout(f"r{i}", state="running", last_attempt_id="a1")
+                await c.patch_rollout(f"r{i}", state="succeeded")
+
+    asyncio.run(write())
+    gw.process.kill()  # SIGKILL right after the last acknowledgement: no shutdown, no flush
+    restarted = gateway_factory(db_path=gw.db_path)
+    with GatewayClient(restarted.url, key=restarted.key) as c:
+        rollouts = c.list_rollouts(limit=1000)
+        assert len(rollouts) == n_rollouts
+        assert sum(r.status.state == "succeeded" for r in rollouts) == n_rollouts // 2
+        assert c.terminal().total_terminal == n_rollouts // 2
+        assert c.list_models()[0].version == 7
+        for i in range(n_rollouts):
+            events = c.get_events(f"r{i}")
+            assert sorted(e.data["j"] for e in events) == list(range(n_events)), i

@@ -1,0 +1,225 @@
+"""One behavioural suite, run against both store implementations."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from agentlightning.schemas import (
+    IllegalTransition,
+    Model,
+    Rollout,
+    RolloutMetadata,
+    RolloutState,
+    RolloutStatusPatch,
+)
+from agentlightning.server.events import make_record
+from agentlightning.server.store import MemoryStore, RolloutNotFound, SqliteStore, Store, StoreLocked
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    s: Store = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "s.db")
+    await s.open()
+    yield s
+    await s.close()
+
+
+def rollout(rid: str, data_id: str | None = None, is_train: bool = True) -> Rollout:
+    return Rollout(
+        rollout_id=rid, input={"q": rid}, is_train=is_train, metadata=RolloutMetadata(data_id=data_id)
+    )
+
+
+def patch(**kw: object) -> RolloutStatusPatch:
+    return RolloutStatusPatch(**kw)
+
+
+async def finish(store: Store, rid: str, state: str = "succeeded") -> None:
+    await store.patch_rollout(rid, patch(state="running"), 1.0)
+    await store.patch_rollout(rid, patch(state=state), 2.0)
+
+
+async def test_create_is_idempotent_and_keeps_the_stored_rollout(store: Store) -> None:
+    first = await store.create_rollouts([rollout("a"), rollout("b")])
+    assert [r.rollout_id for r in first] == ["a", "b"]
+    await store.patch_rollout("a", patch(state="running"), 5.0)
+    again = await store.create_rollouts([Rollout(rollout_id="a", input="other"), rollout("c")])
+    assert again[0].input == {"q": "a"} and again[0].status.state == RolloutState.RUNNING
+    assert again[1].rollout_id == "c"
+    assert [r.rollout_id for r in await store.list_rollouts(None, 100)] == ["a", "b", "c"]
+
+
+async def test_list_filters_states_in_creation_order_with_limit(store: Store) -> None:
+    await store.create_rollouts([rollout(f"r{i}") for i in range(6)])
+    await store.patch_rollout("r1", patch(state="running"), 1.0)
+    await store.patch_rollout("r4", patch(state="running"), 1.0)
+    running = await store.list_rollouts({RolloutState.RUNNING}, 100)
+    assert [r.rollout_id for r in running] == ["r1", "r4"]
+    queuing = await store.list_rollouts({RolloutState.QUEUING}, 2)
+    assert [r.rollout_id for r in queuing] == ["r0", "r2"]
+    both = await store.list_rollouts({RolloutState.QUEUING, RolloutState.RUNNING}, 100)
+    assert len(both) == 6
+
+
+async def test_patch_bumps_version_and_enforces_transitions(store: Store) -> None:
+    await store.create_rollouts([rollout("a")])
+    r = await store.patch_rollout("a", patch(state="running", last_attempt_id="x1"), 10.0)
+    assert r.status.version == 1 and r.status.updated_at == 10.0 and r.status.last_attempt_id == "x1"
+    r = await store.patch_rollout("a", patch(k8s_job_name="job-a"), 11.0)
+    assert (
+        r.status.version == 2 and r.status.state == RolloutState.RUNNING and r.status.last_attempt_id == "x1"
+    )
+    r = await store.patch_rollout("a", patch(state="failed", error_message="boom"), 12.0)
+    assert r.status.state == RolloutState.FAILED and r.status.error_message == "boom"
+    with pytest.raises(IllegalTransition):
+        await store.patch_rollout("a", patch(state="running"), 13.0)
+    with pytest.raises(IllegalTransition):
+        await store.patch_rollout("a", patch(error_message="changed"), 13.0)
+    stored = await store.get_rollout("a")
+    assert stored is not None and stored.status.version == 3 and stored.status.error_message == "boom"
+    with pytest.raises(RolloutNotFound):
+        await store.patch_rollout("missing", patch(state="running"), 1.0)
+
+
+async def test_queuing_cannot_jump_to_succeeded(store: Store) -> None:
+    await store.create_rollouts([rollout("a")])
+    with pytest.raises(IllegalTransition, match="queuing to succeeded"):
+        await store.patch_rollout("a", patch(state="succeeded"), 1.0)
+    assert (await store.get_rollout("a")).status.version == 0  # type: ignore[union-attr]
+
+
+async def test_terminal_cursor_is_completion_order(store: Store) -> None:
+    await store.create_rollouts([rollout("a", "d1"), rollout("b", "d1"), rollout("c", "d2", is_train=False)])
+    await finish(store, "c")
+    await finish(store, "a", "failed")
+    page = await store.list_terminal(0, 10)
+    assert [(i.rollout_id, i.state, i.data_id, i.is_train) for i in page.items] == [
+        ("c", RolloutState.SUCCEEDED, "d2", False),
+        ("a", RolloutState.FAILED, "d1", True),
+    ]
+    assert page.total_terminal == 2
+    await finish(store, "b")
+    nxt = await store.list_terminal(page.next_after, 10)
+    assert [i.rollout_id for i in nxt.items] == ["b"] and nxt.total_terminal == 3
+    empty = await store.list_terminal(nxt.next_after, 10)
+    assert empty.items == [] and empty.next_after == nxt.next_after
+    limited = await store.list_terminal(0, 2)
+    assert [i.rollout_id for i in limited.items] == ["c", "a"]
+
+
+async def test_delete_removes_rollout_events_and_terminal_entry(store: Store) -> None:
+    await store.create_rollouts([rollout("a"), rollout("b")])
+    await store.append_event(make_record("a", "t1", "reward", {"value": 1.0}, 1.0))
+    await finish(store, "a")
+    await finish(store, "b")
+    assert await store.delete_rollout("a") is True
+    assert await store.delete_rollout("a") is False
+    assert await store.get_rollout("a") is None
+    assert await store.list_events("a") == []
+    page = await store.list_terminal(0, 10)
+    assert [i.rollout_id for i in page.items] == ["b"] and page.total_terminal == 1
+    with pytest.raises(RolloutNotFound):
+        await store.append_event(make_record("a", "t1", "reward", {"value": 1.0}, 1.0))
+    # cursors keep increasing after a delete
+    await store.create_rollouts([rollout("c")])
+    await finish(store, "c")
+    later = await store.list_terminal(page.next_after, 10)
+    assert [i.rollout_id for i in later.items] == ["c"]
+
+
+async def test_events_append_in_order_and_filter(store: Store) -> None:
+    await store.create_rollouts([rollout("a"), rollout("b")])
+    seqs = []
+    for i, (attempt, kind) in enumerate([("t1", "log"), ("t1", "reward"), ("t2", "log"), ("t2", "reward")]):
+        seqs.append(await store.append_event(make_record("a", attempt, kind, {"i": i, "value": i}, float(i))))
+    await store.append_event(make_record("b", "t1", "log", {"i": 99}, 0.5))
+    assert seqs == sorted(seqs) and len(set(seqs)) == 4
+    all_a = await store.list_events("a")
+    assert [orjson.loads(e.record.data)["i"] for e in all_a] == [0, 1, 2, 3]
+    t2 = await store.list_events("a", attempt_id="t2")
+    assert [e.record.event_type for e in t2] == ["log", "reward"]
+    rewards = await store.list_events("a", event_type="reward")
+    assert [orjson.loads(e.record.data)["i"] for e in rewards] == [1, 3]
+    triplets = await store.list_events("a", attempt_id="t1", view="triplet")
+    assert [orjson.loads(e.record.triplet) for e in triplets] == [{"value": 1}]  # type: ignore[arg-type]
+    with pytest.raises(RolloutNotFound):
+        await store.append_event(make_record("nope", "t1", "log", {}, 0.0))
+
+
+async def test_attempts_sorted_by_first_event(store: Store) -> None:
+    await store.create_rollouts([rollout("a")])
+    await store.append_event(make_record("a", "second", "log", {}, 5.0))
+    await store.append_event(
+        make_record("a", "first", "log", {}, 1.0)
+    )  # appended later: order is append order
+    await store.append_event(make_record("a", "second", "log", {}, 7.0))
+    attempts = await store.list_attempts("a")
+    assert [(a.attempt_id, a.n_events) for a in attempts] == [("second", 2), ("first", 1)]
+    assert attempts[0].first_event_at == 5.0 and attempts[0].last_event_at == 7.0
+
+
+async def test_models_upsert_by_model_and_endpoint(store: Store) -> None:
+    await store.upsert_models(
+        [Model(model="m", endpoint="http://a/v1"), Model(model="m", endpoint="http://b/v1")]
+    )
+    await store.upsert_models([Model(model="m", endpoint="http://a/v1", version=3)])
+    models = sorted(await store.list_models(), key=lambda m: m.endpoint)
+    assert [(m.endpoint, m.version) for m in models] == [("http://a/v1", 3), ("http://b/v1", 0)]
+    await store.delete_models()
+    assert await store.list_models() == []
+
+
+async def test_concurrent_appends_all_land(store: Store) -> None:
+    await store.create_rollouts([rollout(f"r{i}") for i in range(8)])
+    records = [make_record(f"r{i % 8}", "t", "log", {"n": i}, float(i)) for i in range(400)]
+    seqs = await asyncio.gather(*(store.append_event(r) for r in records))
+    assert len(set(seqs)) == 400
+    for i in range(8):
+        got = [orjson.loads(e.record.data)["n"] for e in await store.list_events(f"r{i}")]
+        assert got == list(range(i, 400, 8))
+
+
+async def test_one_failing_write_does_not_fail_its_batch_neighbours(store: Store) -> None:
+    await store.create_rollouts([rollout("a")])
+    results = await asyncio.gather(
+        store.append_event(make_record("a", "t", "log", {}, 0.0)),
+        store.append_event(make_record("ghost", "t", "log", {}, 0.0)),
+        store.patch_rollout("a", patch(state="succeeded"), 1.0),
+        store.append_event(make_record("a", "t", "log", {}, 0.0)),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], int) and isinstance(results[3], int)
+    assert isinstance(results[1], RolloutNotFound) and isinstance(results[2], IllegalTransition)
+    assert len(await store.list_events("a")) == 2
+
+
+async def test_sqlite_persists_across_reopen_and_refuses_a_second_owner(tmp_path: Path) -> None:
+    path = tmp_path / "db" / "g.db"
+    s = SqliteStore(path)
+    await s.open()
+    await s.create_rollouts([rollout("a"), rollout("b")])
+    await finish(s, "a")
+    await s.append_event(make_record("b", "t", "reward", {"value": 0.5}, 1.0))
+    await s.upsert_models([Model(model="m", endpoint="http://x/v1", version=2)])
+    other = SqliteStore(path)
+    with pytest.raises(StoreLocked, match="another process"):
+        await other.open()
+    await s.close()
+
+    s2 = SqliteStore(path)
+    await s2.open()
+    try:
+        assert {r.rollout_id for r in await s2.list_rollouts(None, 10)} == {"a", "b"}
+        page = await s2.list_terminal(0, 10)
+        assert [i.rollout_id for i in page.items] == ["a"]
+        await finish(s2, "b")
+        assert [i.rollout_id for i in (await s2.list_terminal(page.next_after, 10)).items] == ["b"]
+        assert [orjson.loads(e.record.data) for e in await s2.list_events("b")] == [{"value": 0.5}]
+        assert [m.version for m in await s2.list_models()] == [2]
+    finally:
+        await s2.close()
