@@ -15,13 +15,15 @@ from agentlightning.server.auth import KeyAuthMiddleware
 from agentlightning.server.body_limit import BodyLimitMiddleware
 from agentlightning.server.config import ServerConfig, load_server_config
 from agentlightning.server.errors import install_error_handlers
+from agentlightning.server.proxy import routes as proxy
+from agentlightning.server.proxy.runtime import ProxyRuntime
 from agentlightning.server.routes import events, health, models, rollouts
 from agentlightning.server.state import GatewayState, ModelTable
 from agentlightning.server.store import Store, store_from_url
 
 log = get_logger("gateway")
 
-ROUTERS: list[APIRouter] = [health.router, rollouts.router, events.router, models.router]
+ROUTERS: list[APIRouter] = [health.router, rollouts.router, events.router, models.router, proxy.router]
 
 
 def create_app(
@@ -32,12 +34,15 @@ def create_app(
         config = load_server_config(config)
     if store is None:
         store = store_from_url(config.store.url, config.store.synchronous, config.store.read_threads)
-    state = GatewayState(config=config, store=store, models=ModelTable(store))
+    state = GatewayState(
+        config=config, store=store, models=ModelTable(store), proxy=ProxyRuntime(config.proxy)
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await store.open()
         await state.models.load()
+        await state.proxy.open()
         if not config.key:
             log.warning(
                 "auth_disabled", hint="set key=... so that only holders of the key can use the Gateway"
@@ -46,6 +51,7 @@ def create_app(
         try:
             yield
         finally:
+            await state.proxy.close()
             await store.close()
 
     app = FastAPI(title="Agent Lightning API Gateway", version=__version__, lifespan=lifespan)

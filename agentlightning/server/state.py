@@ -8,6 +8,7 @@ from fastapi import Request
 
 from agentlightning.schemas import Model
 from agentlightning.server.config import ServerConfig
+from agentlightning.server.proxy.runtime import ProxyRuntime
 from agentlightning.server.signal import ChangeSignal
 from agentlightning.server.store import Store
 
@@ -51,6 +52,7 @@ class GatewayState:
     models: ModelTable
     rollout_changes: ChangeSignal = field(default_factory=ChangeSignal)
     terminal_changes: ChangeSignal = field(default_factory=ChangeSignal)
+    proxy: ProxyRuntime = field(default_factory=ProxyRuntime)
 
 
 def get_state(request: Request) -> GatewayState:
