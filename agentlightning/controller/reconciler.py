@@ -155,10 +155,12 @@ class Reconciler:
                     active.task.cancel()  # left running; a restarted controller adopts it
         tasks = {a.task for a in attempts if a.task is not None}
         log.info("shutdown_waiting", attempts=len(tasks), timeout_s=self.config.shutdown_timeout)
-        force = asyncio.create_task(self._force.wait())
+        every = asyncio.create_task(asyncio.wait(tasks))
+        force = asyncio.create_task(self._force.wait())  # a second signal: do not wait any longer
         await asyncio.wait(
-            tasks | {force}, timeout=self.config.shutdown_timeout, return_when=asyncio.ALL_COMPLETED
+            {every, force}, timeout=self.config.shutdown_timeout, return_when=asyncio.FIRST_COMPLETED
         )
+        every.cancel()
         force.cancel()
         left = [t for t in tasks if not t.done()]
         for task in left:

@@ -110,3 +110,14 @@ class SegfaultAgent:
 
 class NoRun:
     pass
+
+
+class WaitThenExitAgent:
+    """Records its pid in $PID_FILE, waits for $GO_FILE, exits 0 without talking to the Gateway."""
+
+    def run(self) -> None:
+        Path(os.environ["PID_FILE"]).write_text(str(os.getpid()))
+        go = Path(os.environ["GO_FILE"])
+        deadline = time.time() + 60
+        while not go.exists() and time.time() < deadline:
+            time.sleep(0.05)
