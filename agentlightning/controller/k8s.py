@@ -189,6 +189,10 @@ class K8sRunner(Runner):
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        session = getattr(self._api, "_session", None)  # kr8s offers no public close
+        if session is not None:
+            with contextlib.suppress(Exception):
+                await session.aclose()
 
     # --- starting ---------------------------------------------------------------------
 

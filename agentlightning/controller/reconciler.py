@@ -326,7 +326,9 @@ class Reconciler:
                 return Outcome.failure(exc.message, exc.retryable)
             except Exception as exc:  # a bug here must not leave the rollout running for ever
                 log.exception("launch_error", rollout_id=active.rollout_id, attempt_id=active.attempt_id)
-                return Outcome.failure(f"the controller could not start the attempt: {type(exc).__name__}: {exc}")
+                return Outcome.failure(
+                    f"the controller could not start the attempt: {type(exc).__name__}: {exc}"
+                )
             log.info(
                 "attempt_started",
                 rollout_id=active.rollout_id,
