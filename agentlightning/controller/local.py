@@ -57,14 +57,16 @@ def safe_name(value: str) -> str:
 
 
 def start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (Linux), to tell it from a reused pid."""
+    """The process's start time in clock ticks since boot (Linux), to tell it from a reused pid;
+    None when it does not exist or has exited (a zombie nobody reaped yet)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
         return None
     try:
-        return int(stat[stat.rindex(b")") + 2 :].split()[19])
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        return None if fields[0] in (b"Z", b"X") else int(fields[19])
     except (ValueError, IndexError):
         return None
 

@@ -41,7 +41,7 @@ class WarmProcess:
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._next_id = 0
-        self._pending: dict[int, asyncio.Future[int]] = {}
+        self._pending: dict[int, asyncio.Future[tuple[int, asyncio.Future[int | None]]]] = {}
         self._exits: dict[int, asyncio.Future[int | None]] = {}
         self.alive = False
 
@@ -93,10 +93,12 @@ class WarmProcess:
                 message: dict[str, Any] = orjson.loads(line)
                 op = message.get("op")
                 if op == "spawned":
-                    self._exits[message["pid"]] = asyncio.get_running_loop().create_future()
+                    # The child may exit before spawn() resumes: hand over its exit future now.
+                    exit_future = asyncio.get_running_loop().create_future()
+                    self._exits[message["pid"]] = exit_future
                     future = self._pending.pop(message["id"], None)
                     if future is not None and not future.done():
-                        future.set_result(message["pid"])
+                        future.set_result((message["pid"], exit_future))
                 elif op == "spawn_failed":
                     future = self._pending.pop(message["id"], None)
                     if future is not None and not future.done():
@@ -134,7 +136,9 @@ class WarmProcess:
             raise SpawnFailed("the warm process is not running", server_lost=True)
         self._next_id += 1
         request_id = self._next_id
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[tuple[int, asyncio.Future[int | None]]] = (
+            asyncio.get_running_loop().create_future()
+        )
         self._pending[request_id] = future
         request = {
             "op": "spawn",
@@ -151,8 +155,7 @@ class WarmProcess:
             self._pending.pop(request_id, None)
             self._lost()
             raise SpawnFailed(f"the warm process is gone: {exc}", server_lost=True) from exc
-        pid = await future
-        return pid, self._exits[pid]
+        return await future
 
     async def stop(self) -> None:
         """Close our end (the server exits on its own) and make sure it does."""

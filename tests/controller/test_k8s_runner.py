@@ -234,9 +234,15 @@ def test_timeout_becomes_the_job_deadline(client: GatewayClient) -> None:
 
 
 def test_restart_adopts_running_jobs_and_fails_lost_ones(tmp_path: Path, cluster: FakeKubernetes) -> None:
-    """Own Gateway and namespace: the module's controller must not see these rollouts."""
+    """Own Gateway and namespace: the module's controller must not see these rollouts. Full reads
+    only every minute: what the controller learns here, it learns from its watch."""
     gateway = start_gateway(tmp_path, KEY, *GATEWAY_OVERRIDES)
-    settings = (*K8S_SETTINGS, f"k8s_runner.kubeconfig={cluster.kubeconfig}", "k8s_runner.namespace=agents")
+    settings = (
+        *K8S_SETTINGS,
+        f"k8s_runner.kubeconfig={cluster.kubeconfig}",
+        "k8s_runner.namespace=agents",
+        "k8s_runner.poll_interval=60",
+    )
     controllers: list[ManagedProcess] = []
     try:
         controllers.append(start_controller(gateway.url, KEY, tmp_path / "logs", *settings))
