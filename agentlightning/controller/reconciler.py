@@ -282,8 +282,9 @@ class Reconciler:
                 if outcome is None:
                     outcome = await self._attempt(active, handle)
                 handle = None
-                if outcome is None:
-                    return  # the rollout was taken away from us: nothing to report
+                if outcome is None:  # the rollout was taken away from us: nothing to report
+                    self.runner.forget(active.rollout_id, active.attempt_id)
+                    return
                 active.decided = True
                 if (
                     outcome.retryable
@@ -329,7 +330,7 @@ class Reconciler:
                 return Outcome.failure(
                     f"the controller could not start the attempt: {type(exc).__name__}: {exc}"
                 )
-            log.info(
+            log.debug(
                 "attempt_started",
                 rollout_id=active.rollout_id,
                 attempt_id=active.attempt_id,
@@ -418,23 +419,26 @@ class Reconciler:
         running = {
             r.rollout_id: r for r in await self.client.list_rollouts([RolloutState.RUNNING], limit=10000)
         }
+        stops: list[asyncio.Task[None]] = []
         for active in list(self.active.values()):
             if active.decided or active.task is None or active.patched_epoch > epoch:
                 continue
             listed = running.get(active.rollout_id)
             if listed is not None and listed.status.last_attempt_id == active.attempt_id:
                 continue
+            reason: str | None = None
             try:
                 current = (await self.client.get_rollout(active.rollout_id)).rollout
             except NotFound:
-                await self._take_away(active, "the rollout was deleted")
-                continue
-            if current.status.state != RolloutState.RUNNING:
-                await self._take_away(
-                    active, f"the rollout was moved to {current.status.state.value} elsewhere"
-                )
-            elif current.status.last_attempt_id != active.attempt_id and active.patched_epoch <= epoch:
-                await self._take_away(active, f"attempt {current.status.last_attempt_id} superseded it")
+                reason = "the rollout was deleted"
+            else:
+                if current.status.state != RolloutState.RUNNING:
+                    reason = f"the rollout was moved to {current.status.state.value} elsewhere"
+                elif current.status.last_attempt_id != active.attempt_id and active.patched_epoch <= epoch:
+                    reason = f"attempt {current.status.last_attempt_id} superseded it"
+            if reason is not None:
+                stops.append(asyncio.create_task(self._take_away(active, reason)))
+        await asyncio.gather(*stops)
         for rollout_id, attempt_id in list(self._unresolved.items()):
             if rollout_id in self.active:
                 self._unresolved.pop(rollout_id, None)

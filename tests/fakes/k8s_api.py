@@ -27,6 +27,28 @@ requests matching a method and path pattern with a status), `POST /_fake/evict` 
 pod: SIGKILL, phase Failed, reason Evicted, DisruptionTarget condition), `GET /_fake/requests`.
 
     python -m tests.fakes.k8s_api --port 6443 --token secret --workdir /tmp/fake-k8s
+
+What a real cluster can still do differently (not reproduced here):
+* Scheduling and images: pods may stay Pending (no capacity, selectors, taints) or take minutes
+  to pull; here they start at once. Unschedulable pods are not failed early by the controller:
+  they run into the Job's activeDeadlineSeconds, which counts pending time too.
+* Admission: quotas, LimitRanges, PodSecurity or webhooks can let the Job be created but refuse
+  its pods (FailedCreate events, no pod, no condition) - the controller then waits for the
+  deadline. RBAC denials (403) are retried until the rollout's timeout.
+* Validation: only a subset of the real checks is made (names, labels, containers, image,
+  restartPolicy, a few numeric fields, env value types); unknown fields are kept here, silently
+  dropped by a real server.
+* Containers: only the first container runs, only with an explicit `command`; no image
+  entrypoints, init containers, sidecars, volumes, resource limits (no OOMKilled), Secrets or
+  ConfigMaps (any reference to one is "not found"), no service-link environment.
+* Timing: the real Job controller updates status seconds later, tracks pods with finalizers and
+  deletes pods after their grace period (30 s by default; here --grace). Foreground deletion
+  keeps the Job until its pods are gone; here the Job goes at once.
+* Disruptions: a real eviction or node loss may delete the pod before the controller reads it,
+  so the controller may see a plain failure and not retry it.
+* Watches: real servers end watches after a few minutes, may answer 410 Gone for an old
+  resourceVersion at any time, and throttle clients (429); the transport is TLS with client
+  certificates, exec plugins or expiring tokens rather than plain HTTP with a fixed token.
 """
 
 from __future__ import annotations
