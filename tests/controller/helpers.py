@@ -63,14 +63,6 @@ def wait_terminal(client: GatewayClient, ids: Iterable[str], timeout: float = 30
         raise AssertionError(f"rollouts did not finish in {timeout}s: {states}") from None
 
 
-def wait_state(client: GatewayClient, rollout_id: str, state: str, timeout: float = 30.0) -> Rollout:
-    return wait_until(
-        lambda: (r := client.get_rollout(rollout_id).rollout).status.state == state and r,
-        timeout,
-        f"rollout {rollout_id} to be {state}",
-    )
-
-
 def pid_alive(pid: int) -> bool:
     """True while the process exists and is not a zombie (an exited child nobody reaped yet)."""
     try:

@@ -4,6 +4,8 @@ and the Kubernetes API double that runs each Job's container command as a local 
 from __future__ import annotations
 
 import math
+import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -260,7 +262,10 @@ def test_restart_adopts_running_jobs_and_fails_lost_ones(tmp_path: Path, cluster
 
             jobs = wait_until(names, 30, "both Jobs to run")
             attempts = {r: client.get_rollout(r).rollout.status.last_attempt_id for r in (kept, lost)}
-            controllers[0].kill()  # the Jobs run on without a controller
+            first = controllers[0]
+            os.kill(first.pid, signal.SIGTERM)  # a graceful stop leaves Jobs running for the next one
+            assert first.proc is not None and first.proc.wait(20) == 0, first.log_tail()
+            assert {client.get_rollout(r).rollout.status.state.value for r in (kept, lost)} == {"running"}
             cluster.delete_job(jobs[lost], "agents")
             controllers.append(start_controller(gateway.url, KEY, tmp_path / "logs", *settings))
             done = wait_terminal(client, [kept, lost])
