@@ -77,8 +77,13 @@ def waiting_agent(
     return rollout_id, pid_file, go_file
 
 
-def test_sigterm_stops_agents_and_fails_their_rollouts(
-    gw: RunningGateway, client: GatewayClient, tmp_path: Path, controllers: list[ManagedProcess]
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_agents_and_fails_their_rollouts(
+    sig: signal.Signals,
+    gw: RunningGateway,
+    client: GatewayClient,
+    tmp_path: Path,
+    controllers: list[ManagedProcess],
 ) -> None:
     ctl = start_controller(gw.url, KEY, tmp_path / "logs")
     controllers.append(ctl)
@@ -92,11 +97,11 @@ def test_sigterm_stops_agents_and_fails_their_rollouts(
         for f in pids
         for p in wait_until(lambda f=f: f.exists() and f.read_text(), 30, "agents").split()
     ]
-    os.kill(ctl.pid, signal.SIGTERM)  # the controller only, as a supervisor would
+    os.kill(ctl.pid, sig)  # the controller only, as a supervisor would
     assert ctl.proc is not None and ctl.proc.wait(20) == 0, ctl.log_tail()
     for rollout in (client.get_rollout(i).rollout for i in ids):
         assert rollout.status.state == "failed"
-        assert "the controller shut down (SIGTERM) while the agent was running" in (
+        assert f"the controller shut down ({sig.name}) while the agent was running" in (
             rollout.status.error_message or ""
         )
     wait_until(lambda: not any(pid_alive(p) for p in pids), 10, "agents and their children to be gone")
@@ -288,3 +293,21 @@ def test_a_v1_controller_works_against_our_gateway(gw: RunningGateway) -> None:
         assert (
             http.get("/api/rollouts", params=[("state_in", "queuing"), ("state_in", "running")]).json() == []
         )
+
+
+def test_agents_outlive_a_lost_warm_process(
+    gw: RunningGateway, client: GatewayClient, tmp_path: Path, controllers: list[ManagedProcess]
+) -> None:
+    ctl = start_controller(gw.url, KEY, tmp_path / "logs")
+    controllers.append(ctl)
+    rollout_id, pid_file, go_file = waiting_agent(client, tmp_path, "orphan")
+    read_pid(pid_file)
+    line = next(x for x in ctl.log_tail(100).splitlines() if "warm_process_ready" in x)
+    warm_pid = int(line.split(" pid=")[1].split()[0])
+    os.kill(warm_pid, signal.SIGKILL)  # its child now belongs to nobody the controller can wait on
+    wait_until(lambda: "warm_process_lost" in ctl.log_tail(100), 10, "the controller to notice")
+    go_file.touch()
+    status = wait_terminal(client, [rollout_id])[rollout_id].status
+    assert status.state == "succeeded", status.error_message  # learned from the exit file
+    after = create(client, f"{AGENTS}.RewardAgent")  # a new warm process serves the next one
+    assert wait_terminal(client, [after])[after].status.state == "succeeded"

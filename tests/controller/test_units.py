@@ -263,3 +263,24 @@ def test_help_lists_every_key(capsys: pytest.CaptureFixture[str]) -> None:
         "warm_start",
     ):
         assert key in out
+
+
+async def test_spawn_failure_is_an_infrastructure_failure(tmp_path: Path) -> None:
+    from agentlightning.controller.local import LocalRunner
+    from agentlightning.controller.runner import LaunchError
+
+    config = load_controller_config(
+        {
+            "local_runner": {
+                "python": str(tmp_path / "no-python"),
+                "warm_start": False,
+                "log_dir": str(tmp_path),
+            }
+        }
+    )
+    runner = LocalRunner(config)
+    await runner.start()
+    with pytest.raises(LaunchError) as failure:
+        await runner.launch(rollout({}, {}), "attempt-1-x")
+    assert failure.value.retryable and "could not start the agent process" in failure.value.message
+    await runner.close()
