@@ -118,9 +118,9 @@ class Reconciler:
         """Reconcile until stop(); then stop or leave running attempts (per runner) and return."""
         await self.runner.start()
         loops: list[asyncio.Task[None]] = []
+        stopping = asyncio.create_task(self._stopping.wait())
         try:
             recover = asyncio.create_task(self._recover_all(), name="recover")
-            stopping = asyncio.create_task(self._stopping.wait())
             await asyncio.wait({recover, stopping}, return_when=asyncio.FIRST_COMPLETED)
             if not recover.done():
                 recover.cancel()
@@ -132,6 +132,7 @@ class Reconciler:
                 ]
             await stopping
         finally:
+            stopping.cancel()
             for task in loops:
                 task.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
@@ -479,8 +480,13 @@ class Reconciler:
                 await asyncio.sleep(delay)
         if running:
             log.info("recovering", running=len(running))
-        for rollout in running:
-            await self._recover_one(rollout)
+        limit = asyncio.Semaphore(16)  # a runner may ask its backend about each one
+
+        async def recover(rollout: Rollout) -> None:
+            async with limit:
+                await self._recover_one(rollout)
+
+        await asyncio.gather(*(recover(r) for r in running))
 
     async def _recover_one(self, rollout: Rollout) -> None:
         """A running rollout with no attempt here: adopt, report or fail/retry it."""
