@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentlightning.schemas import EVENT_MODEL_REQUEST, Model
-from agentlightning.server.events import make_record
+from agentlightning.server.events import UnencodableEvent, make_record
 from agentlightning.server.store import Store
 
 ERROR_TEXT_LIMIT = 2000
@@ -77,5 +77,17 @@ class CallRecord:
 
     async def save(self, store: Store) -> int:
         """Append durably. Raises RolloutNotFound when the rollout was deleted meanwhile."""
-        record = make_record(self.rollout_id, self.attempt_id, EVENT_MODEL_REQUEST, self.data, self.timestamp)
+        try:
+            record = make_record(
+                self.rollout_id, self.attempt_id, EVENT_MODEL_REQUEST, self.data, self.timestamp
+            )
+        except UnencodableEvent as exc:
+            # The call itself went fine for the agent; record that its content could not be kept.
+            for key in ("request", "response", "usage"):
+                self.data[key] = None
+            self.data["status"] = "error"
+            self.data["error"] = str(exc)
+            record = make_record(
+                self.rollout_id, self.attempt_id, EVENT_MODEL_REQUEST, self.data, self.timestamp
+            )
         return await store.append_event(record)
