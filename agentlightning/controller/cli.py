@@ -1,10 +1,95 @@
-"""`agl-controller`: arrives with the controller issue."""
+"""`agl-controller`: run the Rollout Controller.
+
+agl-controller runner_type=local agl_server.url=http://127.0.0.1:8181 agl_server.key=secret
+agl-controller --config my-controller.yaml local_runner.maximum_size=16
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import signal
 import sys
+from collections.abc import Sequence
+
+from omegaconf.errors import OmegaConfBaseException
+
+from agentlightning.client import AsyncGatewayClient
+from agentlightning.config.loader import load_cli_config
+from agentlightning.controller.config import ControllerConfig, load_controller_config
+from agentlightning.controller.reconciler import Reconciler
+from agentlightning.controller.runner import Runner
+from agentlightning.log import configure_logging, get_logger
+
+log = get_logger("controller")
 
 
-def main() -> None:
-    print("agl-controller: not yet available in this version", file=sys.stderr)
-    raise SystemExit(1)
+class StartupError(Exception):
+    """The controller cannot start (bad runner setup); the message says why."""
+
+
+def make_runner(config: ControllerConfig) -> Runner:
+    if config.runner_type == "k8s":
+        try:
+            from agentlightning.controller.k8s import K8sRunner
+        except ImportError as exc:
+            raise StartupError(
+                f"runner_type=k8s needs the kr8s package: pip install 'agentlightning[k8s]' ({exc})"
+            ) from exc
+        return K8sRunner(config)
+    from agentlightning.controller.local import LocalRunner
+
+    return LocalRunner(config)
+
+
+async def run_controller(config: ControllerConfig) -> None:
+    """Run until SIGTERM or SIGINT."""
+    runner = make_runner(config)
+    # Few connections: the Gateway serves them on one event loop anyway, and httpcore's pool costs
+    # CPU per request for every pooled connection.
+    async with AsyncGatewayClient(
+        config.agl_server.url,
+        config.agl_server.key,
+        timeout=config.agl_server.request_timeout,
+        max_connections=8,
+    ) as client:
+        reconciler = Reconciler(config, runner, client)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, reconciler.stop, sig.name)
+        log.info(
+            "controller_started",
+            runner=config.runner_type,
+            gateway=config.agl_server.url,
+            capacity=runner.capacity,
+            max_attempts=config.max_attempts,
+        )
+        try:
+            await reconciler.run()
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+    log.info("controller_stopped")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    cfg = load_cli_config("controller", sys.argv[1:] if argv is None else argv, prog="agl-controller")
+    try:
+        config = load_controller_config(cfg)
+        configure_logging(config.log_level)
+        for noisy in ("httpx", "httpcore", "kr8s"):  # one line per request even at info: too much
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+    except (OmegaConfBaseException, ValueError) as exc:
+        print(f"agl-controller: bad config: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if not config.agl_server.key:
+        log.warning("no_gateway_key", hint="set agl_server.key when the Gateway has a key")
+    try:
+        asyncio.run(run_controller(config))
+    except StartupError as exc:
+        print(f"agl-controller: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()

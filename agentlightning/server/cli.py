@@ -33,6 +33,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             access_log=False,
             timeout_keep_alive=75,
             backlog=4096,
+            # Long-poll reads would otherwise hold a SIGTERM for up to long_poll_max_seconds.
+            timeout_graceful_shutdown=3,
         )
     except StoreLocked as exc:
         print(f"agl-server: {exc}", file=sys.stderr)

@@ -29,6 +29,41 @@ class StoreConfig:
 
 
 @dataclass
+class ProxyConfig:
+    """How the model proxy talks to inference servers (see the `proxy:` block of server.yaml)."""
+
+    connect_timeout_seconds: float = 10.0
+    read_timeout_seconds: float = 600.0
+    max_tries: int = 6
+    backoff_seconds: float = 0.5
+    max_backoff_seconds: float = 8.0
+    jitter: float = 0.25
+    max_connections: int = 0
+    keepalive_seconds: float = 60.0
+    upstream_key: str = ""
+
+    def check(self) -> None:
+        for name in (
+            "connect_timeout_seconds",
+            "read_timeout_seconds",
+            "backoff_seconds",
+            "max_backoff_seconds",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"proxy.{name} must be positive, got {getattr(self, name)}")
+        if self.max_tries < 1:
+            raise ValueError(f"proxy.max_tries must be at least 1, got {self.max_tries}")
+        if not 0 <= self.jitter < 1:
+            raise ValueError(f"proxy.jitter must be in [0, 1), got {self.jitter}")
+        if self.max_connections < 0:
+            raise ValueError(
+                f"proxy.max_connections must be 0 (unlimited) or positive, got {self.max_connections}"
+            )
+        if self.keepalive_seconds < 0:
+            raise ValueError(f"proxy.keepalive_seconds must be >= 0, got {self.keepalive_seconds}")
+
+
+@dataclass
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8181
@@ -38,6 +73,7 @@ class ServerConfig:
     long_poll_max_seconds: float = 60.0
     default_proxy: DefaultProxyConfig = field(default_factory=DefaultProxyConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)
 
 
 def load_server_config(cfg: DictConfig | dict[str, Any] | None = None, **overrides: Any) -> ServerConfig:
@@ -49,4 +85,5 @@ def load_server_config(cfg: DictConfig | dict[str, Any] | None = None, **overrid
         raise ValueError(f"max_body_bytes must be positive, got {config.max_body_bytes}")
     if not 0 < config.port < 65536 and config.port != 0:
         raise ValueError(f"port must be 0..65535, got {config.port}")
+    config.proxy.check()
     return config

@@ -8,6 +8,7 @@ from fastapi import Request
 
 from agentlightning.schemas import Model
 from agentlightning.server.config import ServerConfig
+from agentlightning.server.proxy.runtime import ProxyRuntime
 from agentlightning.server.signal import ChangeSignal
 from agentlightning.server.store import Store
 
@@ -18,12 +19,14 @@ class ModelTable:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._by_name: dict[str, dict[str, Model]] = {}
+        self._sorted: dict[str, list[Model]] = {}  # endpoints() per model, rebuilt after a change
 
     async def load(self) -> None:
         self._by_name.clear()
         self._remember(await self._store.list_models())
 
     def _remember(self, models: list[Model]) -> None:
+        self._sorted.clear()
         for m in models:
             self._by_name.setdefault(m.model, {})[m.endpoint] = m
 
@@ -35,13 +38,20 @@ class ModelTable:
     async def clear(self) -> None:
         await self._store.delete_models()
         self._by_name.clear()
+        self._sorted.clear()
 
     def all(self) -> list[Model]:
         return [m for name in sorted(self._by_name) for _, m in sorted(self._by_name[name].items())]
 
     def endpoints(self, model: str) -> list[Model]:
-        """The endpoints serving `model`, sorted by URL (the order sticky routing hashes over)."""
-        return [m for _, m in sorted(self._by_name.get(model, {}).items())]
+        """The endpoints serving `model`, sorted by URL (the order sticky routing hashes over).
+
+        Read on every proxied call, so kept sorted until the table changes. Do not modify it.
+        """
+        cached = self._sorted.get(model)
+        if cached is None:
+            cached = self._sorted[model] = [m for _, m in sorted(self._by_name.get(model, {}).items())]
+        return cached
 
 
 @dataclass
@@ -51,8 +61,14 @@ class GatewayState:
     models: ModelTable
     rollout_changes: ChangeSignal = field(default_factory=ChangeSignal)
     terminal_changes: ChangeSignal = field(default_factory=ChangeSignal)
+    proxy: ProxyRuntime = field(default_factory=ProxyRuntime)
 
 
-async def get_state(request: Request) -> GatewayState:
-    # async: a plain def dependency would cost a thread-pool hop on every request
+def get_state(request: Request) -> GatewayState:
+    return request.app.state.gateway
+
+
+async def state_dependency(request: Request) -> GatewayState:
+    """`Depends(state_dependency)`: async, because FastAPI runs a plain-def dependency in a
+    thread pool, a hop on every request."""
     return request.app.state.gateway

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -132,3 +135,21 @@ def test_acknowledged_writes_survive_sigkill(
         for i in range(n_rollouts):
             events = c.get_events(f"r{i}")
             assert sorted(e.data["j"] for e in events) == list(range(n_events)), i
+
+
+def test_sigterm_does_not_wait_for_long_polls(gateway: RunningGateway) -> None:
+    def hold() -> None:
+        with GatewayClient(gateway.url, key=gateway.key) as c:
+            try:
+                c.long_poll_rollouts(["queuing"], wait_seconds=60)
+            except Exception:
+                pass  # the server went away under it
+
+    waiter = threading.Thread(target=hold, daemon=True)
+    waiter.start()
+    time.sleep(0.5)
+    start = time.monotonic()
+    assert gateway.process.proc is not None
+    gateway.process.signal_group(signal.SIGTERM)
+    gateway.process.proc.wait(30)
+    assert time.monotonic() - start < 10

@@ -21,11 +21,11 @@ from agentlightning.schemas import (
     now,
 )
 from agentlightning.server.events import UnencodableEvent, make_record, render_events
-from agentlightning.server.state import GatewayState, get_state
+from agentlightning.server.state import GatewayState, state_dependency
 from agentlightning.server.store import RolloutNotFound, StoredEvent
 
 router = APIRouter(prefix="/api/rollouts", tags=["events"])
-State = Annotated[GatewayState, Depends(get_state)]
+State = Annotated[GatewayState, Depends(state_dependency)]
 PathId = Annotated[str, Path(pattern=ID_PATTERN)]
 
 

@@ -7,10 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends
 
 from agentlightning.schemas import Model
-from agentlightning.server.state import GatewayState, get_state
+from agentlightning.server.state import GatewayState, state_dependency
 
 router = APIRouter(prefix="/api/models", tags=["models"])
-State = Annotated[GatewayState, Depends(get_state)]
+State = Annotated[GatewayState, Depends(state_dependency)]
 
 
 @router.post("", status_code=201, response_model=list[Model])

@@ -23,11 +23,11 @@ from agentlightning.schemas import (
     TerminalPage,
     now,
 )
-from agentlightning.server.state import GatewayState, get_state
+from agentlightning.server.state import GatewayState, state_dependency
 from agentlightning.server.store import RolloutNotFound
 
 router = APIRouter(prefix="/api/rollouts", tags=["rollouts"])
-State = Annotated[GatewayState, Depends(get_state)]
+State = Annotated[GatewayState, Depends(state_dependency)]
 WaitSeconds = Annotated[
     float,
     Query(

@@ -1,0 +1,3 @@
+from agentlightning.controller.cli import main
+
+main()

@@ -1,0 +1,99 @@
+"""What the reconcile loop needs from a runner (local processes or Kubernetes Jobs)."""
+
+from __future__ import annotations
+
+import abc
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from agentlightning.schemas import Rollout
+
+_ATTEMPT = re.compile(r"^attempt-(\d+)-")
+
+
+def new_attempt_id(number: int) -> str:
+    """Attempt ids carry their number, so that attempts are counted across controller restarts."""
+    return f"attempt-{number}-{uuid.uuid4().hex[:10]}"
+
+
+def attempt_number(attempt_id: str | None) -> int:
+    """1 for ids this controller did not make (e.g. a v1.0 controller's)."""
+    match = _ATTEMPT.match(attempt_id or "")
+    return int(match.group(1)) if match else 1
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended. `retryable` marks an infrastructure failure (retried as a new attempt
+    while attempts are left); an agent's own failure is never retried."""
+
+    succeeded: bool
+    message: str | None = None
+    retryable: bool = False
+
+    @staticmethod
+    def success() -> Outcome:
+        return Outcome(True)
+
+    @staticmethod
+    def failure(message: str, retryable: bool = False) -> Outcome:
+        return Outcome(False, message, retryable)
+
+
+class LaunchError(Exception):
+    """The attempt could not be started. `retryable`: an infrastructure failure."""
+
+    def __init__(self, message: str, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retryable = retryable
+
+
+class Handle(abc.ABC):
+    """One running attempt. `deadline` (wall-clock seconds) is when the controller stops it."""
+
+    deadline: float
+
+    @abc.abstractmethod
+    async def wait(self) -> Outcome:
+        """Until the attempt ends by itself."""
+
+    @abc.abstractmethod
+    async def kill(self) -> None:
+        """Stop the attempt and everything it started; returns once it is gone (or given up on)."""
+
+
+class Runner(abc.ABC):
+    """Starts attempts and finds them again after a controller restart."""
+
+    #: How many attempts may run at once; None = no limit.
+    capacity: int | None = None
+    #: Whether the controller stops (and fails) running attempts when it shuts down.
+    kill_on_shutdown: bool = True
+
+    async def start(self) -> None:
+        """Connect, warm up. Called once before anything else."""
+        return None
+
+    async def close(self) -> None:
+        """Release what start() took. Running attempts are not touched."""
+        return None
+
+    def claim_fields(self, rollout: Rollout, attempt_id: str) -> dict[str, Any]:
+        """Status fields recorded with the move to running (e.g. log_path, k8s_job_name)."""
+        return {}
+
+    @abc.abstractmethod
+    async def launch(self, rollout: Rollout, attempt_id: str) -> Handle:
+        """Start an attempt. Raises LaunchError."""
+
+    @abc.abstractmethod
+    async def recover(self, rollout: Rollout, attempt_id: str) -> Handle | Outcome | None:
+        """After a restart: the live attempt (adopt it), how it ended while nobody watched, or None
+        when nothing of it is left."""
+
+    def forget(self, rollout_id: str, attempt_id: str) -> None:
+        """The attempt has been reported; drop what is kept about it (files, bookkeeping)."""
+        return None

@@ -1,0 +1,93 @@
+"""Recording a model call: the `model_request` event (schema: `ModelRequestData`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentlightning.schemas import EVENT_MODEL_REQUEST, Model
+from agentlightning.server.events import UnencodableEvent, make_record
+from agentlightning.server.store import Store
+
+ERROR_TEXT_LIMIT = 2000
+
+
+class CallRecord:
+    """The event of one call, filled in as the call goes; `save` appends it to the store."""
+
+    def __init__(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        timestamp: float,
+        api: str,
+        mode: str,
+        request: dict[str, Any],
+        params: dict[str, Any],
+        stream: bool,
+    ) -> None:
+        self.rollout_id = rollout_id
+        self.attempt_id = attempt_id
+        self.timestamp = timestamp
+        # Built as a plain dict, in the shape of ModelRequestData: no validation on the hot path.
+        self.data: dict[str, Any] = {
+            "api": api,
+            "mode": mode,
+            "request": request,
+            "params": params,
+            "response": None,
+            "server": None,
+            "latency_ms": None,
+            "http_status": None,
+            "status": "ok",
+            "error": None,
+            "retries": 0,
+            "usage": None,
+            "finish_reason": None,
+            "stream": stream,
+            "incomplete": False,
+        }
+
+    def finish(
+        self,
+        *,
+        http_status: int,
+        latency_ms: float,
+        model: Model | None,
+        tries: int,
+        response: Any = None,
+        error: str | None = None,
+        incomplete: bool = False,
+    ) -> None:
+        d = self.data
+        d["http_status"] = http_status
+        d["latency_ms"] = round(latency_ms, 3)
+        d["retries"] = max(tries - 1, 0)
+        if model is not None:
+            d["server"] = {"model": model.model, "endpoint": model.endpoint, "version": model.version}
+        if isinstance(response, dict):
+            d["response"] = response
+            d["usage"] = response.get("usage")
+            choices = response.get("choices")
+            if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+                d["finish_reason"] = choices[0].get("finish_reason")
+        d["incomplete"] = incomplete
+        if error is not None or incomplete or not 200 <= http_status < 300:
+            d["status"] = "error"
+            d["error"] = (error or f"HTTP {http_status}")[:ERROR_TEXT_LIMIT]
+
+    async def save(self, store: Store) -> int:
+        """Append durably. Raises RolloutNotFound when the rollout was deleted meanwhile."""
+        try:
+            record = make_record(
+                self.rollout_id, self.attempt_id, EVENT_MODEL_REQUEST, self.data, self.timestamp
+            )
+        except UnencodableEvent as exc:
+            # The call itself went fine for the agent; record that its content could not be kept.
+            for key in ("request", "response", "usage"):
+                self.data[key] = None
+            self.data["status"] = "error"
+            self.data["error"] = str(exc)
+            record = make_record(
+                self.rollout_id, self.attempt_id, EVENT_MODEL_REQUEST, self.data, self.timestamp
+            )
+        return await store.append_event(record)

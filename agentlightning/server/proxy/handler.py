@@ -1,0 +1,149 @@
+"""One proxied model call: check, rewrite, forward, record, answer.
+
+An agent's base URL is `{gateway}/proxy/rollout/{id}/attempt/{aid}/mode/{train|val}/openai/v1`.
+Each call is rewritten (rewrite.py), forwarded to the rollout's inference server with
+retries (upstream.py), and recorded as one `model_request` event before the agent gets the
+answer (capture.py; for a stream, before its last event: responses.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+import orjson
+from starlette.responses import Response
+
+from agentlightning.log import get_logger
+from agentlightning.server.proxy.capture import CallRecord
+from agentlightning.server.proxy.responses import Answer, StreamAnswer, error_answer, paused_answer
+from agentlightning.server.proxy.rewrite import Api, pick_endpoint, rewrite, wants_usage_chunk
+from agentlightning.server.state import GatewayState
+from agentlightning.server.store import RolloutNotFound
+
+log = get_logger("proxy")
+MODES = ("train", "val")
+UPSTREAM_PATHS: dict[Api, str] = {"chat.completions": "/chat/completions", "completions": "/completions"}
+
+
+async def handle_call(
+    state: GatewayState,
+    read_body: Callable[[], Awaitable[bytes]],
+    rollout_id: str,
+    attempt_id: str,
+    mode: str,
+    api: Api,
+) -> Response:
+    """The answer to one agent call. The in-flight count covers it until its last byte is sent."""
+    if mode not in MODES:
+        return error_answer(404, f"unknown mode '{mode}' in the proxy URL: use train or val", "not_found")
+    runtime = state.proxy
+    if runtime.paused:
+        return paused_answer(runtime.retry_after_seconds, runtime.reason)
+    # Counted from here, with no await since the pause check: a drain cannot miss this call.
+    runtime.inflight += 1
+    handed_over = False
+    try:
+        response = await _call(state, read_body, rollout_id, attempt_id, mode, api)
+        # An answer with a `done` callback ends the count itself, after its last byte.
+        handed_over = getattr(response, "done", None) is not None
+        return response
+    finally:
+        if not handed_over:
+            runtime.inflight -= 1
+
+
+async def _call(
+    state: GatewayState,
+    read_body: Callable[[], Awaitable[bytes]],
+    rollout_id: str,
+    attempt_id: str,
+    mode: str,
+    api: Api,
+) -> Response:
+    timestamp = time.time()
+    started = time.perf_counter()
+    runtime = state.proxy
+
+    def done() -> None:
+        runtime.inflight -= 1
+
+    def rollout_gone() -> None:
+        runtime.forget(rollout_id)
+
+    if not runtime.is_known(rollout_id):
+        if await state.store.get_rollout(rollout_id) is None:
+            return error_answer(404, str(RolloutNotFound(rollout_id)), "not_found")
+        runtime.remember(rollout_id)
+    try:
+        body = orjson.loads(await read_body())
+    except orjson.JSONDecodeError as exc:
+        return error_answer(400, f"request body is not valid JSON: {exc}", "invalid_request_error")
+    if not isinstance(body, dict):
+        return error_answer(
+            400, "request body must be a JSON object (an OpenAI request)", "invalid_request_error"
+        )
+
+    config = state.config.default_proxy
+    params = rewrite(body, api, mode, config)
+    stream = body.get("stream") is True
+    record = CallRecord(rollout_id, attempt_id, timestamp, api, mode, body, params, stream)
+    forwarded = await runtime.upstream.forward(
+        lambda: pick_endpoint(state.models.endpoints(config.model_name), rollout_id),
+        UPSTREAM_PATHS[api],
+        orjson.dumps({**body, **params}),
+        stream,
+    )
+    if forwarded.stream is not None:
+        return StreamAnswer(
+            forwarded, record, state.store, started, wants_usage_chunk(body), done, rollout_gone
+        )
+
+    latency_ms = (time.perf_counter() - started) * 1000
+    status = forwarded.status
+    if forwarded.error == "no_endpoint":
+        message = (
+            f"no inference server is registered for model '{config.model_name}': "
+            "register one with POST /api/models (the trainer does this when it starts)"
+        )
+        answer = error_answer(503, message, "no_endpoint")
+        record.finish(http_status=503, latency_ms=latency_ms, model=None, tries=0, error=message)
+    elif forwarded.error is not None:  # retries used up
+        kind = "upstream_timeout" if status == 504 else "upstream_error"
+        answer = error_answer(status, forwarded.error, kind)
+        record.finish(
+            http_status=status,
+            latency_ms=latency_ms,
+            model=forwarded.model,
+            tries=forwarded.tries,
+            error=forwarded.error,
+        )
+        log.warning("upstream_failed", rollout_id=rollout_id, status=status, error=forwarded.error)
+    else:  # the upstream's answer, passed through as it is
+        answer = Answer(forwarded.body, status, forwarded.content_type)
+        response = None
+        error = None
+        if 200 <= status < 300:
+            try:
+                response = orjson.loads(forwarded.body)
+            except orjson.JSONDecodeError:
+                error = f"the inference server answered {status} with a body that is not JSON"
+        else:
+            error = (
+                f"the inference server answered {status}: {forwarded.body[:1000].decode(errors='replace')}"
+            )
+        record.finish(
+            http_status=status,
+            latency_ms=latency_ms,
+            model=forwarded.model,
+            tries=forwarded.tries,
+            response=response,
+            error=error,
+        )
+    try:
+        await record.save(state.store)
+    except RolloutNotFound as exc:
+        rollout_gone()
+        return error_answer(404, str(exc), "not_found")
+    answer.done = done
+    return answer

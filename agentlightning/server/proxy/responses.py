@@ -1,0 +1,208 @@
+"""The proxy's answers to the agent: plain, error, and the pass-through event stream.
+
+Each holds a `done` callback that runs after its last byte was sent (or the agent left), so
+the in-flight count covers a call until the agent has all of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import orjson
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from agentlightning.log import get_logger
+from agentlightning.server.proxy.capture import CallRecord
+from agentlightning.server.proxy.sse import DONE, EventSplitter, StreamAssembler, event_data, parse_event
+from agentlightning.server.proxy.upstream import Forwarded
+from agentlightning.server.store import RolloutNotFound, Store
+
+log = get_logger("proxy")
+
+
+def error_body(status: int, message: str, kind: str) -> bytes:
+    """An OpenAI-shaped error (for agents' SDKs) that also carries the Gateway's `detail`."""
+    return orjson.dumps({"detail": message, "error": {"message": message, "type": kind, "code": status}})
+
+
+class Answer(Response):
+    """A whole answer; runs `done` once it was sent."""
+
+    def __init__(
+        self,
+        body: bytes,
+        status: int,
+        media_type: str = "application/json",
+        headers: dict[str, str] | None = None,
+        done: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(body, status, headers, media_type)
+        self.done = done
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self.done is not None:
+                self.done()
+
+
+def error_answer(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> Answer:
+    return Answer(error_body(status, message, kind), status, headers=headers)
+
+
+def paused_answer(retry_after_seconds: float, reason: str | None) -> Answer:
+    message = "the model proxy is paused for a weight update; retry later"
+    if reason:
+        message += f" ({reason})"
+    headers = {
+        "Retry-After": str(max(math.ceil(retry_after_seconds), 0)),
+        "retry-after-ms": str(int(retry_after_seconds * 1000)),  # read first by the OpenAI SDKs
+        "X-Agl-Paused": "true",
+    }
+    return error_answer(429, message, "paused", headers)
+
+
+_STREAM_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class StreamAnswer(Response):
+    """Passes the upstream's server-sent events to the agent as they arrive, assembles them,
+    and records the call before the stream's last event (`data: [DONE]`) goes out.
+
+    If the agent leaves mid-stream the upstream call is closed (vLLM then aborts the request)
+    and what arrived so far is recorded, marked incomplete.
+    """
+
+    def __init__(
+        self,
+        forwarded: Forwarded,
+        record: CallRecord,
+        store: Store,
+        started: float,
+        pass_usage: bool,
+        done: Callable[[], None],
+        on_rollout_gone: Callable[[], None],
+    ) -> None:
+        super().__init__(status_code=200)
+        assert forwarded.stream is not None
+        self.upstream: aiohttp.ClientResponse = forwarded.stream
+        self.forwarded = forwarded
+        self.record = record
+        self.store = store
+        self.started = started
+        self.pass_usage = pass_usage
+        self.done = done
+        self.on_rollout_gone = on_rollout_gone
+        self.agent_gone = False
+
+    async def _watch(self, receive: Receive) -> None:
+        while True:
+            try:
+                message = await receive()
+            except OSError:  # some servers raise instead of sending http.disconnect
+                message = {"type": "http.disconnect"}
+            if message["type"] == "http.disconnect":
+                self.agent_gone = True
+                self.upstream.close()  # stops the pump's read at once
+                return
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        watcher = asyncio.create_task(self._watch(receive))
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": _STREAM_HEADERS})
+            tail = await self._pump(send)
+            watcher.cancel()
+            if not self.agent_gone:
+                await send({"type": "http.response.body", "body": tail, "more_body": False})
+        finally:
+            watcher.cancel()
+            self.upstream.close()
+            self.done()
+
+    async def _pump(self, send: Send) -> bytes:
+        """Forward events until the upstream ends; record the call. Returns the last bytes to send."""
+        assembler = StreamAssembler(self.record.data["api"])
+        splitter = EventSplitter()
+        done_event = b"data: [DONE]\n\n"
+        saw_done = False
+        error: str | None = None
+
+        async def forward(event: bytes) -> None:
+            nonlocal saw_done, done_event
+            payload = event_data(event)
+            if payload is not None:
+                if payload.strip() == DONE:
+                    saw_done, done_event = True, event
+                    return
+                chunk = parse_event(payload)
+                assembler.add(chunk)
+                if not self.pass_usage and _usage_only(chunk):
+                    return
+            try:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            except OSError:  # servers on ASGI spec 2.4 raise when the agent has gone
+                self.agent_gone = True
+                self.upstream.close()
+
+        try:
+            async for data in self.upstream.content.iter_any():
+                for event in splitter.feed(data):
+                    await forward(event)
+                    if self.agent_gone:
+                        break
+            rest = splitter.rest()
+            if rest.strip():
+                await forward(rest + b"\n\n")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            if not self.agent_gone:
+                error = f"the inference server's stream broke: {type(exc).__name__}: {exc}"
+        complete = saw_done or bool(
+            assembler.choices and all(c.finish_reason for c in assembler.choices.values())
+        )
+        if self.agent_gone:
+            error = "the agent disconnected mid-stream"
+        elif error is None and assembler.error is not None:
+            error = f"the inference server sent an error: {orjson.dumps(assembler.error).decode()}"
+        elif error is None and not complete:
+            error = "the inference server's stream ended before the answer finished"
+        self.record.finish(
+            http_status=200,
+            latency_ms=(time.perf_counter() - self.started) * 1000,
+            model=self.forwarded.model,
+            tries=self.forwarded.tries,
+            response=assembler.response(),
+            error=error,
+            incomplete=not complete or self.agent_gone,
+        )
+        try:
+            await self.record.save(self.store)
+        except RolloutNotFound as exc:
+            self.on_rollout_gone()
+            return _error_event(404, str(exc), "not_found")
+        except Exception as exc:
+            log.exception("stream_record_failed", rollout_id=self.record.rollout_id)
+            return _error_event(
+                500, f"the call could not be recorded: {type(exc).__name__}: {exc}", "internal_error"
+            )
+        if error is not None and assembler.error is None:  # an upstream error event was passed on already
+            return _error_event(502, error, "upstream_error")
+        return done_event
+
+
+def _usage_only(chunk: Any) -> bool:
+    return isinstance(chunk, dict) and chunk.get("choices") == [] and chunk.get("usage") is not None
+
+
+def _error_event(status: int, message: str, kind: str) -> bytes:
+    return b"data: " + orjson.dumps({"error": {"message": message, "type": kind, "code": status}}) + b"\n\n"

@@ -1,0 +1,52 @@
+"""What the proxy changes in an agent's request, and which inference server gets it."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Literal
+
+from agentlightning.schemas import Model
+from agentlightning.server.config import DefaultProxyConfig
+
+Api = Literal["chat.completions", "completions"]
+
+
+def rewrite(body: dict[str, Any], api: Api, mode: str, config: DefaultProxyConfig) -> dict[str, Any]:
+    """The parameters the proxy sets on the request; the agent's body is not modified.
+
+    `model` is the configured model name, `temperature` the train or val one, token ids are
+    always asked for, and log-probs in train mode when `include_log_probs` is set. A streamed
+    call also asks for usage in the stream, so that the recorded answer has it.
+    """
+    params: dict[str, Any] = {
+        "model": config.model_name,
+        "temperature": (config.train if mode == "train" else config.val).temperature,
+        "return_token_ids": True,
+    }
+    if mode == "train" and config.include_log_probs:
+        if api == "chat.completions":
+            params["logprobs"] = True
+        else:
+            # Completions take a count of top log-probs; any count returns the sampled token's.
+            asked = body.get("logprobs")
+            if not isinstance(asked, int) or isinstance(asked, bool) or asked < 0:
+                params["logprobs"] = 1
+    if body.get("stream") is True:
+        options = body.get("stream_options")
+        params["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    return params
+
+
+def wants_usage_chunk(body: dict[str, Any]) -> bool:
+    """Whether the agent itself asked for the usage chunk at the end of a stream."""
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def pick_endpoint(endpoints: list[Model], rollout_id: str) -> Model | None:
+    """Sticky routing: `sha256(rollout_id)` over the endpoints sorted by URL, so all calls of a
+    rollout reach the same server (and its prefix cache)."""
+    if not endpoints:
+        return None
+    digest = hashlib.sha256(rollout_id.encode()).digest()
+    return endpoints[int.from_bytes(digest[:8], "big") % len(endpoints)]

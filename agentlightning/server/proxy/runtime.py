@@ -1,0 +1,64 @@
+"""The proxy's live state: pause flag, in-flight count, known rollouts, upstream client."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from agentlightning.schemas import ProxyState
+from agentlightning.server.config import ProxyConfig
+from agentlightning.server.proxy.upstream import UpstreamClient
+
+KNOWN_ROLLOUTS = 65536
+
+
+class ProxyRuntime:
+    """One per Gateway. Touched only from the event loop, so plain fields are enough."""
+
+    def __init__(self, config: ProxyConfig | None = None) -> None:
+        self.config = config or ProxyConfig()
+        self.upstream = UpstreamClient(self.config)
+        self.paused = False
+        self.retry_after_seconds = 5.0
+        self.reason: str | None = None
+        self.inflight = 0
+        # Rollouts seen to exist, so that an agent's every call does not read the store.
+        # Bounded (least recently used are forgotten); a deleted rollout is dropped when its
+        # event append fails.
+        self._known: OrderedDict[str, None] = OrderedDict()
+
+    async def open(self) -> None:
+        await self.upstream.open()
+
+    async def close(self) -> None:
+        await self.upstream.close()
+
+    def pause(self, retry_after_seconds: float, reason: str | None) -> None:
+        self.paused = True
+        self.retry_after_seconds = retry_after_seconds
+        self.reason = reason
+
+    def resume(self) -> None:
+        self.paused = False
+        self.reason = None
+
+    def state(self) -> ProxyState:
+        return ProxyState(
+            paused=self.paused,
+            retry_after_seconds=self.retry_after_seconds,
+            reason=self.reason,
+            inflight=self.inflight,
+        )
+
+    def is_known(self, rollout_id: str) -> bool:
+        if rollout_id in self._known:
+            self._known.move_to_end(rollout_id)
+            return True
+        return False
+
+    def remember(self, rollout_id: str) -> None:
+        self._known[rollout_id] = None
+        if len(self._known) > KNOWN_ROLLOUTS:
+            self._known.popitem(last=False)
+
+    def forget(self, rollout_id: str) -> None:
+        self._known.pop(rollout_id, None)

@@ -1,0 +1,400 @@
+"""Benchmark the model proxy: N concurrent agents through the Gateway vs straight to the model.
+
+One run starts the fake vLLM-shaped model server (`tests/fakes/model_server.py`, answering
+after a fixed delay), one `agl-server` per gateway command (SQLite store: every call is
+persisted), and a load generator in its own process (`--pin`: the gateway gets CPU 0 to
+itself, the load generator and model server the others). For each scenario (calls in flight, model
+delay) it runs the agents straight against the model and through each gateway, `--repeat`
+times interleaved (machine load changes), and prints the median run's throughput, the
+throughput ratio and the latency the gateway adds (p50/p99), checked against the targets of
+the proxy issue, with the CPU time per call of every process.
+
+    .venv/bin/python bench/proxy.py                          # the three issue scenarios
+    .venv/bin/python bench/proxy.py --scenarios 64:0.05 --duration 5
+    .venv/bin/python bench/proxy.py --gateway-cmd '/other/venv/bin/agl-server proxy.max_connections=100'
+
+A gateway command gets `port=… key=… log_level=warning` appended, and `store.url=` a fresh
+SQLite file unless it sets one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from agentlightning.client import GatewayClient  # noqa: E402
+from agentlightning.procs import ManagedProcess, free_port  # noqa: E402
+from agentlightning.schemas import Model, RolloutCreate  # noqa: E402
+
+KEY = "bench-key"
+MESSAGES = [
+    {"role": "system", "content": "You are a careful assistant. Answer briefly and show your work."},
+    {
+        "role": "user",
+        "content": "A train leaves at 3pm at 60 km/h; another at 4pm at 90 km/h. When does it catch up?",
+    },
+]
+# (calls in flight, model delay in seconds) -> targets (min throughput ratio, max added p50 in ms)
+TARGETS: dict[tuple[int, float], tuple[float, float | None]] = {
+    (64, 0.05): (0.5, 10.0),
+    (256, 0.05): (0.5, None),
+    (1024, 1.0): (0.9, None),
+}
+
+
+# --- the load generator (runs in its own process) ----------------------------------------------
+
+
+async def _load(urls: list[str], duration: float, warmup: float, body: bytes) -> dict[str, Any]:
+    import aiohttp
+
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    start = time.perf_counter()
+    window_start, window_end = start + warmup, start + warmup + duration
+    completed = total = 0
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=600)
+    headers = {"x-api-key": KEY, "Content-Type": "application/json"}
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
+
+        async def agent(url: str, start_after: float) -> None:
+            nonlocal completed, total
+            await asyncio.sleep(start_after)
+            while time.perf_counter() < window_end:
+                t0 = time.perf_counter()
+                try:
+                    async with session.post(url, data=body) as r:
+                        await r.read()
+                        ok = r.status == 200
+                        kind = f"HTTP {r.status}"
+                except Exception as exc:  # counted, never fatal: the benchmark reports errors
+                    ok, kind = False, type(exc).__name__
+                t1 = time.perf_counter()
+                total += 1
+                if window_start <= t1 <= window_end:
+                    if ok:
+                        completed += 1
+                        latencies.append(t1 - t0)
+                    else:
+                        errors[kind] = errors.get(kind, 0) + 1
+
+        # Agents start spread over the first half of the warm-up, as a population of agents
+        # would, not all in the same millisecond: with a fixed model delay, a synchronized
+        # start would go on as waves of N calls at once, a burst test rather than steady state.
+        spread = warmup / 2
+        await asyncio.gather(*(agent(u, spread * i / len(urls)) for i, u in enumerate(urls)))
+    latencies.sort()
+    return {
+        "completed": completed,
+        "total": total,
+        "seconds": duration,
+        "latencies": latencies,
+        "errors": errors,
+        "cpu_ms_per_call": time.process_time() * 1000 / max(total, 1),
+    }
+
+
+def worker(args: argparse.Namespace) -> None:
+    spec = json.loads(sys.stdin.read())
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    body = json.dumps({"model": "policy", "messages": MESSAGES, "max_tokens": 32}).encode()
+    result = asyncio.run(_load(spec["urls"], spec["duration"], spec["warmup"], body))
+    lat = result.pop("latencies")
+    result["p50_ms"] = _pct(lat, 0.50) * 1000
+    result["p99_ms"] = _pct(lat, 0.99) * 1000
+    result["mean_ms"] = statistics.fmean(lat) * 1000 if lat else float("nan")
+    print(json.dumps(result))
+
+
+def _pct(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[min(int(q * len(sorted_values)), len(sorted_values) - 1)]
+
+
+def run_load(urls: list[str], duration: float, warmup: float) -> dict[str, Any]:
+    spec = json.dumps({"urls": urls, "duration": duration, "warmup": warmup})
+    out = subprocess.run(
+        pinned([sys.executable, __file__, "--worker"], "others"),
+        input=spec,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"load generator failed:\n{out.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    result["rps"] = result["completed"] / result["seconds"]
+    return result
+
+
+# --- the processes under test ---------------------------------------------------------------
+
+# CPU placement. `--pin` gives the gateway CPU 0 to itself and the agents (load generator)
+# and the model server the others, in the direct runs too, as if each were on its own
+# machine. The default lets the OS place everything: on a machine shared with other work a
+# pinned gateway cannot move off a core that something else keeps busy.
+PLACEMENT: dict[str, set[int] | None] = {"gateway": None, "others": None}
+
+
+def pinned(argv: list[str], role: str) -> list[str]:
+    cpus = PLACEMENT[role]
+    if cpus is None:
+        return argv
+    pin = f"import os, sys; os.sched_setaffinity(0, {sorted(cpus)!r}); os.execvp(sys.argv[1], sys.argv[1:])"
+    return [sys.executable, "-c", pin, *argv]
+
+
+@dataclass
+class Gateway:
+    label: str
+    url: str
+    process: ManagedProcess
+
+
+def start_model(delay: float, workdir: Path) -> tuple[str, ManagedProcess]:
+    port = free_port()
+    argv = [sys.executable, "-m", "tests.fakes.model_server", "--port", str(port), "--delay", str(delay)]
+    proc = ManagedProcess(
+        "fake-model", pinned(argv, "others"), workdir / f"model-{port}.log", cwd=ROOT
+    ).start()
+    url = f"http://127.0.0.1:{port}"
+    proc.wait_http_ok(f"{url}/health")
+    return url, proc
+
+
+def start_gateway(label: str, command: list[str], workdir: Path) -> Gateway:
+    port = free_port()
+    db = workdir / f"gateway-{port}.db"
+    argv = [*command, f"port={port}", f"key={KEY}", "log_level=warning"]
+    if not any(a.startswith("store.url=") for a in command):
+        argv.append(f"store.url=sqlite:///{db}")
+    proc = ManagedProcess(
+        f"gateway {label}", pinned(argv, "gateway"), workdir / f"gateway-{port}.log", cwd=ROOT
+    ).start()
+    url = f"http://127.0.0.1:{port}"
+    proc.wait_http_ok(f"{url}/healthz")
+    return Gateway(label, url, proc)
+
+
+def prepare(gateway: Gateway, model_url: str, n: int, tag: str) -> list[str]:
+    with GatewayClient(gateway.url, KEY) as client:
+        client.delete_models()
+        client.register_models([Model(model="policy", endpoint=f"{model_url}/v1")])
+        ids = [f"{tag}-{i}" for i in range(n)]
+        for start in range(0, n, 500):
+            client.create_rollouts(
+                [RolloutCreate(rollout_id=r, input={"i": r}) for r in ids[start : start + 500]]
+            )
+    base = f"{gateway.url}/proxy/rollout/{{}}/attempt/a/mode/train/openai/v1/chat/completions"
+    return [base.format(r) for r in ids]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, all its threads (Linux)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def recorded(gateway: Gateway, tag: str, n: int) -> int:
+    with GatewayClient(gateway.url, KEY, timeout=60) as client:
+        return sum(a.n_events for i in range(n) for a in client.get_rollout(f"{tag}-{i}").attempts)
+
+
+# --- the report -----------------------------------------------------------------------------
+
+
+def measure(
+    urls: list[str], args: argparse.Namespace, model: ManagedProcess, gw: Gateway | None
+) -> dict[str, Any]:
+    """One load run, with the CPU time per call of each process."""
+    before = cpu_seconds(model.pid), cpu_seconds(gw.process.pid) if gw else 0.0
+    result = run_load(urls, args.duration, args.warmup)
+    calls = max(result["total"], 1)
+    model_ms = (cpu_seconds(model.pid) - before[0]) * 1000 / calls
+    cpu = f"{result['cpu_ms_per_call']:.2f}/{model_ms:.2f}"
+    if gw is not None:
+        cpu += f"/{(cpu_seconds(gw.process.pid) - before[1]) * 1000 / calls:.2f}"
+    return {**result, "cpu": cpu}
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median throughput; errors summed over all runs."""
+    chosen = sorted(runs, key=lambda r: r["rps"])[len(runs) // 2]
+    kinds: dict[str, int] = {}
+    for r in runs:
+        for kind, count in r["errors"].items():
+            kinds[kind] = kinds.get(kind, 0) + count
+    return {**chosen, "errors": sum(kinds.values()), "error_kinds": kinds}
+
+
+def fmt_row(cells: list[str], widths: list[int]) -> str:
+    return "  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--scenarios",
+        default="64:0.05,256:0.05,1024:1.0",
+        help="comma-separated CALLS_IN_FLIGHT:MODEL_DELAY_SECONDS (default: the issue's three)",
+    )
+    parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per run")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="runs per path, interleaved; the median-throughput run is shown"
+    )
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds before measuring")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="give the gateway CPU 0 to itself and the load generator and model server the others",
+    )
+    parser.add_argument(
+        "--gateway-cmd",
+        action="append",
+        default=[],
+        help="another gateway command to benchmark side by side (repeatable)",
+    )
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+
+    scenarios = []
+    for item in args.scenarios.split(","):
+        n, delay = item.split(":")
+        scenarios.append((int(n), float(delay)))
+    commands = [("ours", [sys.executable, "-m", "agentlightning.server"])]
+    commands += [(f"cmd{i + 1}", shlex.split(c)) for i, c in enumerate(args.gateway_cmd)]
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.pin and len(cpus) >= 2:
+        PLACEMENT["gateway"], PLACEMENT["others"] = {cpus[0]}, set(cpus[1:])
+    print(f"machine: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f} before the run")
+    if PLACEMENT["gateway"] is not None:
+        print(
+            f"CPUs: gateway {sorted(PLACEMENT['gateway'])}; load generator and model server {sorted(PLACEMENT['others'] or [])}"
+        )
+    else:
+        print("CPUs: not pinned")
+    for label, command in commands[1:]:
+        print(f"{label}: {shlex.join(command)}")
+    header = [
+        "in flight",
+        "model",
+        "path",
+        "calls/s",
+        "ratio",
+        "p50 ms",
+        "p99 ms",
+        "+p50 ms",
+        "+p99 ms",
+        "errors",
+        "saved",
+        "cpu ms/call",
+        "target",
+    ]
+    widths = [9, 6, 10, 8, 6, 8, 8, 8, 8, 6, 7, 16, 30]
+    print(fmt_row(header, widths))
+    failures = 0
+    with tempfile.TemporaryDirectory(prefix="agl-bench-") as tmp:
+        workdir = Path(tmp)
+        for n, delay in scenarios:
+            model_url, model = start_model(delay, workdir)
+            gateways = [start_gateway(label, cmd, workdir) for label, cmd in commands]
+            try:
+                paths: dict[str, tuple[list[str], Gateway | None]] = {
+                    "direct": ([f"{model_url}/v1/chat/completions"] * n, None)
+                }
+                for gw in gateways:
+                    paths[f"via {gw.label}"] = (prepare(gw, model_url, n, f"bench-{n}-{gw.label}"), gw)
+                runs: dict[str, list[dict[str, Any]]] = {name: [] for name in paths}
+                for _ in range(args.repeat):  # interleaved, so that a change in machine load hits all paths
+                    for name, (urls, gw) in paths.items():
+                        runs[name].append(measure(urls, args, model, gw))
+                direct = median_run(runs["direct"])
+                cells = [str(n), f"{delay * 1000:.0f}ms", "direct", f"{direct['rps']:.0f}", "1.00"]
+                cells += [f"{direct['p50_ms']:.1f}", f"{direct['p99_ms']:.1f}", "", ""]
+                cells += [str(direct["errors"]), "", direct["cpu"], ""]
+                print(fmt_row(cells, widths), flush=True)
+                for gw in gateways:
+                    via = median_run(runs[f"via {gw.label}"])
+                    ratio = via["rps"] / direct["rps"] if direct["rps"] else float("nan")
+                    added50 = via["p50_ms"] - direct["p50_ms"]
+                    added99 = via["p99_ms"] - direct["p99_ms"]
+                    saved = recorded(gw, f"bench-{n}-{gw.label}", n)
+                    verdict = ""
+                    target = TARGETS.get((n, delay))
+                    if target is not None:
+                        min_ratio, max_p50 = target
+                        ok = (
+                            ratio >= min_ratio
+                            and (max_p50 is None or added50 <= max_p50)
+                            and (delay < 1 or via["errors"] == 0)
+                        )
+                        want = (
+                            f"ratio>={min_ratio}"
+                            + (f", +p50<={max_p50:.0f}" if max_p50 else "")
+                            + (", 0 err" if delay >= 1 else "")
+                        )
+                        verdict = ("PASS " if ok else "FAIL ") + want
+                        failures += not ok
+                    cells = [
+                        str(n),
+                        f"{delay * 1000:.0f}ms",
+                        f"via {gw.label}",
+                        f"{via['rps']:.0f}",
+                        f"{ratio:.2f}",
+                    ]
+                    cells += [
+                        f"{via['p50_ms']:.1f}",
+                        f"{via['p99_ms']:.1f}",
+                        f"{added50:+.1f}",
+                        f"{added99:+.1f}",
+                    ]
+                    cells += [str(via["errors"]), str(saved), via["cpu"], verdict]
+                    print(fmt_row(cells, widths), flush=True)
+                    if via["error_kinds"]:
+                        print(f"    errors via {gw.label}: {via['error_kinds']}")
+            finally:
+                for gw in gateways:
+                    gw.process.stop()
+                model.stop()
+    print(f"load average {os.getloadavg()[0]:.2f} after the run")
+    print(
+        "calls/s and latencies: of the median run (by calls/s) of each path; errors: failed calls, all runs"
+    )
+    print("+p50/+p99: latency added by the gateway; saved: model_request events in its store (every call)")
+    print("cpu ms/call: CPU time per call of the load generator / the model server / the gateway")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

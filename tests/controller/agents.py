@@ -1,0 +1,123 @@
+"""Agents the controller tests run. Each reads the AGL_* environment like a real agent would."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+IMPORT_PID = os.getpid()  # differs from the running pid when the module was preloaded by a warm process
+
+
+def post_event(event_type: str, data: dict) -> None:
+    request = urllib.request.Request(
+        os.environ["AGL_EVENT_URL"],
+        data=json.dumps({"event_type": event_type, "data": data}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {os.environ['AGL_KEY']}"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        response.read()
+
+
+def reward(value: float, **extra: object) -> None:
+    post_event("reward", {"value": value, **extra})
+
+
+def _info() -> dict:
+    return {
+        "pid": os.getpid(),
+        "import_pid": IMPORT_PID,
+        "pgid": os.getpgid(0),
+        "sid": os.getsid(0),
+        "question": os.environ.get("QUESTION"),
+        "number": os.environ.get("NUMBER"),
+        "base_url": os.environ.get("AGL_OPENAI_BASE_URL"),
+        "random": random.random(),
+        "argv": sys.argv,
+    }
+
+
+class RewardAgent:
+    """Posts reward 1.0 with facts about its process, prints a line."""
+
+    def run(self) -> None:
+        print(f"reward agent running in {os.getpid()}")
+        reward(1.0, **_info())
+
+
+class AsyncRewardAgent:
+    async def run(self) -> None:
+        await asyncio.sleep(0)
+        reward(0.5, **_info())
+
+
+class CrashAgent:
+    def run(self) -> None:
+        print("about to fail")
+        raise RuntimeError("the agent broke on purpose")
+
+
+class ExitCodeAgent:
+    def run(self) -> None:
+        sys.exit(3)
+
+
+class SleepAgent:
+    """Starts a grandchild, records both pids in $PID_FILE, then sleeps until killed."""
+
+    def run(self) -> None:
+        child = subprocess.Popen(["sleep", "1000"])
+        Path(os.environ["PID_FILE"]).write_text(f"{os.getpid()} {child.pid}")
+        time.sleep(1000)
+
+
+class WaitForFileAgent:
+    """Records its pid in $PID_FILE, waits until $GO_FILE exists, then posts a reward."""
+
+    def run(self) -> None:
+        Path(os.environ["PID_FILE"]).write_text(str(os.getpid()))
+        go = Path(os.environ["GO_FILE"])
+        deadline = time.time() + 60
+        while not go.exists() and time.time() < deadline:
+            time.sleep(0.05)
+        reward(1.0, **_info())
+
+
+class FlakyAgent:
+    """First attempt: records its pid and waits to be killed from outside (like the OOM killer);
+    later attempts: post a reward at once."""
+
+    def run(self) -> None:
+        marker = Path(os.environ["PID_FILE"])
+        if not marker.exists():
+            marker.write_text(str(os.getpid()))
+            time.sleep(1000)
+        reward(1.0, **_info())
+
+
+class SegfaultAgent:
+    def run(self) -> None:
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
+class NoRun:
+    pass
+
+
+class WaitThenExitAgent:
+    """Records its pid in $PID_FILE, waits for $GO_FILE, exits 0 without talking to the Gateway."""
+
+    def run(self) -> None:
+        Path(os.environ["PID_FILE"]).write_text(str(os.getpid()))
+        go = Path(os.environ["GO_FILE"])
+        deadline = time.time() + 60
+        while not go.exists() and time.time() < deadline:
+            time.sleep(0.05)

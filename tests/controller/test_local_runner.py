@@ -1,0 +1,200 @@
+"""The local runner end to end: a real Gateway, a real controller and real agent processes.
+
+One Gateway and one controller serve every test of this module (each test makes its own
+rollouts); tests that stop or restart the controller are in test_lifecycle.py.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentlightning.client import GatewayClient
+from agentlightning.procs import ManagedProcess
+from agentlightning.schemas import Model
+from tests.conftest import RunningGateway, start_gateway
+from tests.controller.helpers import (
+    GATEWAY_OVERRIDES,
+    local_config,
+    pid_alive,
+    start_controller,
+    wait_terminal,
+    wait_until,
+)
+from tests.fakes.model_server import FakeModelServer, Reply
+
+KEY = "controller-key"
+AGENTS = "tests.controller.agents"
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeModelServer]:
+    with FakeModelServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory, fake: FakeModelServer) -> Iterator[RunningGateway]:
+    gateway = start_gateway(tmp_path_factory.mktemp("gw"), KEY, *GATEWAY_OVERRIDES)
+    with GatewayClient(gateway.url, KEY) as c:
+        c.register_models([Model(model="policy", endpoint=fake.base_url)])
+    yield gateway
+    gateway.process.stop()
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ctl") / "logs"
+
+
+@pytest.fixture(scope="module")
+def controller(gw: RunningGateway, log_dir: Path) -> Iterator[ManagedProcess]:
+    proc = start_controller(gw.url, KEY, log_dir, "local_runner.maximum_size=6")
+    yield proc
+    assert proc.alive(), f"the controller died:\n{proc.log_tail(60)}"
+    proc.stop()
+
+
+@pytest.fixture
+def client(gw: RunningGateway, controller: ManagedProcess) -> Iterator[GatewayClient]:
+    with GatewayClient(gw.url, KEY) as c:
+        yield c
+
+
+def create(
+    client: GatewayClient, config: dict, input: object = None, is_train: bool = True, **extra: object
+) -> str:
+    rollout_id = f"r-{uuid.uuid4().hex[:10]}"
+    client.create_rollouts(
+        [{"rollout_id": rollout_id, "input": input, "is_train": is_train, "config": {**config, **extra}}]
+    )
+    return rollout_id
+
+
+def reward_events(client: GatewayClient, rollout_id: str) -> list[dict]:
+    return [e.data for e in client.get_events(rollout_id, event_type="reward")]
+
+
+def test_agents_run_with_their_own_environment_and_report_rewards(
+    client: GatewayClient, gw: RunningGateway
+) -> None:
+    questions = ["first question", "second question", "third"]
+    ids = [
+        create(
+            client,
+            local_config(f"{AGENTS}:RewardAgent", QUESTION="input.q", NUMBER="input.n"),
+            {"q": q, "n": i},
+        )
+        for i, q in enumerate(questions)
+    ]
+    val_id = create(
+        client, local_config(f"{AGENTS}.AsyncRewardAgent", QUESTION="input.q"), {"q": "v"}, is_train=False
+    )
+    done = wait_terminal(client, [*ids, val_id])
+    infos = []
+    for i, (rollout_id, question) in enumerate(zip(ids, questions, strict=True)):
+        status = done[rollout_id].status
+        assert status.state == "succeeded", status.error_message
+        [info] = reward_events(client, rollout_id)  # read from the last attempt, as the trainer does
+        attempt = status.last_attempt_id
+        assert attempt and attempt.startswith("attempt-1-")
+        assert info["question"] == question and info["number"] == str(i)  # strings as-is, the rest as JSON
+        assert (
+            info["base_url"] == f"{gw.url}/proxy/rollout/{rollout_id}/attempt/{attempt}/mode/train/openai/v1"
+        )
+        assert info["pid"] == info["pgid"] == info["sid"]  # its own session and process group
+        assert info["import_pid"] != info["pid"]  # forked from the warm process that imported the module
+        assert status.log_path and "reward agent running in" in Path(status.log_path).read_text()
+        infos.append(info)
+    assert len({i["pid"] for i in infos}) == 3 and len({i["random"] for i in infos}) == 3
+    [val] = reward_events(client, val_id)
+    assert val["value"] == 0.5 and "/mode/val/openai/v1" in val["base_url"]  # async run(), is_train=False
+
+
+def test_agent_calls_the_model_through_the_proxy(client: GatewayClient, fake: FakeModelServer) -> None:
+    fake.script(Reply(content="four"))
+    rollout_id = create(
+        client, local_config("tests.controller.openai_agent:OpenAIAgent", QUESTION="input.q"), {"q": "2+2?"}
+    )
+    status = wait_terminal(client, [rollout_id], timeout=60)[rollout_id].status
+    assert status.state == "succeeded", status.error_message
+    events = client.get_events(rollout_id)
+    calls = [e for e in events if e.event_type == "model_request"]
+    assert [e.event_type for e in events] == ["model_request", "reward"]
+    assert calls[0].attempt_id == status.last_attempt_id
+    assert calls[0].data["request"]["messages"][0]["content"] == "2+2?"
+    assert events[1].data["content"] == "four" and events[1].data["value"] == 1.0
+    triplets = client.get_events_json(rollout_id, format="triplet")
+    assert triplets[0]["data"]["response_token_ids"]  # usable for training
+
+
+def test_crash_fails_with_exit_code_and_last_output(client: GatewayClient) -> None:
+    crash = create(client, local_config(f"{AGENTS}.CrashAgent"))
+    code = create(client, local_config(f"{AGENTS}.ExitCodeAgent"))
+    segv = create(client, local_config(f"{AGENTS}.SegfaultAgent"))
+    done = wait_terminal(client, [crash, code, segv])
+    message = done[crash].status.error_message or ""
+    assert done[crash].status.state == "failed"
+    assert message.startswith("agent exited with code 1")
+    assert "RuntimeError: the agent broke on purpose" in message and "about to fail" in message
+    assert done[code].status.state == "failed"
+    assert (done[code].status.error_message or "").startswith("agent exited with code 3")
+    assert "crashed (SIGSEGV)" in (done[segv].status.error_message or "")
+    for rollout_id in (crash, code, segv):  # an agent failure is not retried
+        assert (done[rollout_id].status.last_attempt_id or "").startswith("attempt-1-")
+
+
+def test_missing_env_map_path_fails_naming_it(client: GatewayClient) -> None:
+    missing = create(client, local_config(f"{AGENTS}.RewardAgent", QUESTION="input.question"), {"q": 1})
+    index = create(client, local_config(f"{AGENTS}.RewardAgent", FIRST="input.items.3"), {"items": [1]})
+    done = wait_terminal(client, [missing, index])
+    assert done[missing].status.state == "failed"
+    assert "env_map QUESTION" in (done[missing].status.error_message or "")
+    assert "'input.question'" in (done[missing].status.error_message or "")
+    assert "has no key 'question'" in (done[missing].status.error_message or "")
+    assert "index 3 is out of range" in (done[index].status.error_message or "")
+    assert client.get_events(missing) == []  # no process was started
+
+
+def test_bad_agent_class_fails_with_a_clear_message(client: GatewayClient) -> None:
+    no_module = create(client, local_config("no_such_module.Agent"))
+    no_class = create(client, local_config(f"{AGENTS}:NoSuchAgent"))
+    no_run = create(client, local_config(f"{AGENTS}.NoRun"))
+    malformed = create(client, local_config("not a class"))
+    no_config = create(client, {})
+    done = wait_terminal(client, [no_module, no_class, no_run, malformed, no_config])
+    messages = {k: done[k].status.error_message or "" for k in done}
+    assert all(done[k].status.state == "failed" for k in done)
+    assert "cannot import module 'no_such_module'" in messages[no_module]
+    assert "has no 'NoSuchAgent'" in messages[no_class]
+    assert "has no run() method" in messages[no_run]
+    assert "must look like 'package.module.Class'" in messages[malformed]
+    assert "config.local.agent_class" in messages[no_config]
+
+
+def test_timeout_kills_the_whole_process_group(client: GatewayClient, tmp_path: Path) -> None:
+    pid_file = tmp_path / "pids"
+    rollout_id = create(
+        client,
+        local_config(f"{AGENTS}.SleepAgent", PID_FILE="input.pid_file"),
+        {"pid_file": str(pid_file)},
+        timeout_seconds=1.5,
+    )
+    agent_pid, grandchild_pid = map(
+        int, wait_until(lambda: pid_file.exists() and pid_file.read_text(), 20, "the agent").split()
+    )
+    status = wait_terminal(client, [rollout_id])[rollout_id].status
+    assert status.state == "failed"
+    assert "timed out after 1.5s" in (status.error_message or "")
+    wait_until(lambda: not pid_alive(agent_pid) and not pid_alive(grandchild_pid), 10, "the group to be gone")
+
+
+def test_module_that_starts_threads_runs_in_a_fresh_interpreter(client: GatewayClient) -> None:
+    rollout_id = create(client, local_config("tests.controller.threaded_agent:ThreadedAgent"))
+    status = wait_terminal(client, [rollout_id], timeout=60)[rollout_id].status
+    assert status.state == "succeeded", status.error_message
+    [info] = reward_events(client, rollout_id)
+    assert info["import_pid"] == info["pid"]  # imported by the agent process itself
