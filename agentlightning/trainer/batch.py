@@ -24,6 +24,7 @@ from agentlightning.trainer.advantage import assign_advantages, rollout_advantag
 from agentlightning.trainer.aggregation import AggregationStats, RowLimits, aggregate_calls, usable_calls
 from agentlightning.trainer.collected import CollectedRollout
 from agentlightning.trainer.config import CoreConfig, FailedRolloutPolicy
+from agentlightning.trainer.gcpause import gc_paused
 from agentlightning.trainer.metrics import (
     aggregation_metrics,
     row_metrics,
@@ -66,6 +67,13 @@ def build_training_batch(
     policy_version: int | None = None,
 ) -> TrainingBatch:
     """Rows, advantages and shaping for one step's collected train rollouts."""
+    with gc_paused():
+        return _build(rollouts, config, step, policy_version)
+
+
+def _build(
+    rollouts: Iterable[CollectedRollout], config: CoreConfig, step: int, policy_version: int | None
+) -> TrainingBatch:
     started = time.perf_counter()
     agl = config.agl
     ordered = sorted(

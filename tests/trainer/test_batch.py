@@ -167,3 +167,18 @@ def test_result_does_not_depend_on_completion_order():
     b = build_training_batch(list(reversed(rollouts)), _config(mb=2), step=7)
     assert len({r.group_id for r in a.rows}) == 4
     assert [(r.rollout_id, r.advantage) for r in a.rows] == [(r.rollout_id, r.advantage) for r in b.rows]
+
+
+def test_building_a_batch_leaves_the_garbage_collector_as_it_found_it():
+    import gc
+
+    rollouts = [_rollout("g0", 0, 1.0), _rollout("g0", 1, 0.0)]
+    assert gc.isenabled()
+    build_training_batch(rollouts, _config(), step=0)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        build_training_batch(rollouts, _config(), step=0)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -150,6 +150,7 @@ def test_lost_rollouts_are_failed_by_the_trainer_and_reported(gateway):
         assert manager.wait(lambda: manager.is_done(running) and manager.is_done(queued), timeout=30)
         got = {r.rollout_id: r for r in manager.take([running, queued])}
         assert manager.n_lost_total == 2
+        assert manager.flush_deletions() == 2
         with GatewayClient(gateway.url, gateway.key) as client:
             for rid in (running, queued):
                 with pytest.raises(NotFound):  # failed, collected, then deleted
