@@ -272,15 +272,20 @@ class RolloutManager:
 
     def _collect(self, items: Sequence[TerminalItem]) -> None:
         chunks = [items[i : i + FETCH_BATCH] for i in range(0, len(items), FETCH_BATCH)]
-        with gc_paused():  # parsing millions of token ids makes no cycles (see gcpause)
-            for rollouts in self._pool.map(self._fetch_chunk, chunks):
-                for rollout in rollouts:
-                    self._done[rollout.rollout_id] = rollout
-                    self._finish_seq[rollout.rollout_id] = next(self._finish_counter)
-                    self._pending.pop(rollout.rollout_id, None)
-        self._last_progress = time.monotonic()
-        if not self.config.agl.keep_rollouts:
-            self._delete_later([item.rollout_id for item in items])
+        collected: list[str] = []
+        try:
+            with gc_paused():  # parsing millions of token ids makes no cycles (see gcpause)
+                for rollouts in self._pool.map(self._fetch_chunk, chunks):
+                    for rollout in rollouts:
+                        self._done[rollout.rollout_id] = rollout
+                        self._finish_seq[rollout.rollout_id] = next(self._finish_counter)
+                        self._pending.pop(rollout.rollout_id, None)
+                        collected.append(rollout.rollout_id)
+        finally:  # also when a later chunk failed: what was read is ours and can go
+            if collected:
+                self._last_progress = time.monotonic()
+                if not self.config.agl.keep_rollouts:
+                    self._delete_later(collected)
         self._reap_deletions()
 
     def _fetch_chunk(self, items: Sequence[TerminalItem]) -> list[CollectedRollout]:

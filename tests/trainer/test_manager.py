@@ -261,6 +261,7 @@ def test_a_failed_fetch_loses_nothing_the_next_wait_reads_it_again(gateway):
             manager.wait(lambda: all(manager.is_done(r) for r in group.rollout_ids), timeout=30)
         assert manager.wait(lambda: all(manager.is_done(r) for r in group.rollout_ids), timeout=30)
         rollouts = manager.take(group.rollout_ids)
+        assert manager.flush_deletions() == 2
     assert all(len(r.events) == 3 for r in rollouts)
 
 
