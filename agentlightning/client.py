@@ -220,6 +220,12 @@ class _Operations:
     def delete_rollout(rollout_id: str) -> _Call[None]:
         return _Call("DELETE", f"/api/rollouts/{_seg(rollout_id)}", lambda r: None, True)
 
+    @staticmethod
+    def delete_rollouts(rollout_ids: Sequence[str]) -> _Call[int]:
+        body = {"rollout_ids": list(rollout_ids)}
+        parse = lambda r: orjson.loads(r.content)["deleted"]  # noqa: E731
+        return _Call("POST", "/api/rollouts/batch/delete", parse, True, body=body)
+
     # events
     @staticmethod
     def post_event(
@@ -243,6 +249,16 @@ class _Operations:
             params.append(("attempt_id", attempt_id))
         parse = (lambda r: orjson.loads(r.content)) if raw else (lambda r: _EVENTS.validate_json(r.content))
         return _Call("GET", f"/api/rollouts/{_seg(rollout_id)}/events", parse, True, params=params)
+
+    @staticmethod
+    def get_events_batch(
+        rollout_ids: Sequence[str], format: Literal["raw", "triplet"], event_type: str | None
+    ) -> _Call[list[dict[str, Any]]]:
+        body: dict[str, Any] = {"rollout_ids": list(rollout_ids), "format": format}
+        if event_type:
+            body["event_type"] = event_type
+        # A read: safe to repeat.
+        return _Call("POST", "/api/rollouts/batch/events", lambda r: orjson.loads(r.content), True, body=body)
 
     # models
     @staticmethod
@@ -393,6 +409,10 @@ class GatewayClient(_ClientBase):
     def delete_rollout(self, rollout_id: str) -> None:
         self._run(_Operations.delete_rollout(rollout_id))
 
+    def delete_rollouts(self, rollout_ids: Sequence[str]) -> int:
+        """Delete many rollouts in one request (up to 1000; batch route, not in v1.0); how many existed."""
+        return self._run(_Operations.delete_rollouts(rollout_ids))
+
     def post_event(self, rollout_id: str, attempt_id: str, event_type: str, data: Mapping[str, Any]) -> Event:
         return self._run(_Operations.post_event(rollout_id, attempt_id, event_type, data))
 
@@ -413,6 +433,16 @@ class GatewayClient(_ClientBase):
     ) -> list[dict[str, Any]]:
         """Events as plain dicts: the fast path for bulk training-data reads."""
         return self._run(_Operations.get_events(rollout_id, None, format, attempt_id, raw=True))
+
+    def get_events_batch(
+        self,
+        rollout_ids: Sequence[str],
+        format: Literal["raw", "triplet"] = "triplet",
+        event_type: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """The last attempt's events of up to 1000 rollouts in one request, as plain dicts
+        `{rollout_id, found, state, error_message, events}` (batch route, not in v1.0)."""
+        return self._run(_Operations.get_events_batch(rollout_ids, format, event_type))
 
     def register_models(self, models: Iterable[Model | Mapping[str, Any]]) -> list[Model]:
         return self._run(_Operations.register_models(models))
@@ -506,6 +536,10 @@ class AsyncGatewayClient(_ClientBase):
     async def delete_rollout(self, rollout_id: str) -> None:
         await self._run(_Operations.delete_rollout(rollout_id))
 
+    async def delete_rollouts(self, rollout_ids: Sequence[str]) -> int:
+        """Delete many rollouts in one request (up to 1000; batch route, not in v1.0); how many existed."""
+        return await self._run(_Operations.delete_rollouts(rollout_ids))
+
     async def post_event(
         self, rollout_id: str, attempt_id: str, event_type: str, data: Mapping[str, Any]
     ) -> Event:
@@ -528,6 +562,16 @@ class AsyncGatewayClient(_ClientBase):
     ) -> list[dict[str, Any]]:
         """Events as plain dicts: the fast path for bulk training-data reads."""
         return await self._run(_Operations.get_events(rollout_id, None, format, attempt_id, raw=True))
+
+    async def get_events_batch(
+        self,
+        rollout_ids: Sequence[str],
+        format: Literal["raw", "triplet"] = "triplet",
+        event_type: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """The last attempt's events of up to 1000 rollouts in one request, as plain dicts
+        `{rollout_id, found, state, error_message, events}` (batch route, not in v1.0)."""
+        return await self._run(_Operations.get_events_batch(rollout_ids, format, event_type))
 
     async def register_models(self, models: Iterable[Model | Mapping[str, Any]]) -> list[Model]:
         return await self._run(_Operations.register_models(models))

@@ -161,6 +161,19 @@ class TerminalPage(BaseModel):
     total_terminal: int = Field(description="terminal rollouts currently stored")
 
 
+MAX_BATCH_IDS = 1000
+
+
+class RolloutIdList(_Strict):
+    """Several rollouts at once (an addition over v1.0: the batch routes)."""
+
+    rollout_ids: list[RolloutId] = Field(max_length=MAX_BATCH_IDS, description=f"at most {MAX_BATCH_IDS} ids")
+
+
+class BatchDeleted(BaseModel):
+    deleted: int = Field(description="how many of the rollouts existed (and are gone now)")
+
+
 # --- events -------------------------------------------------------------------------------
 
 EVENT_MODEL_REQUEST = "model_request"
@@ -180,6 +193,23 @@ class Event(BaseModel):
     data: dict[str, Any] = Field(default_factory=dict)
     # Addition over v1.0: position in the Gateway's global append order.
     sequence: int | None = None
+
+
+class BatchEventsQuery(RolloutIdList):
+    """The events of many rollouts' last attempts in one request."""
+
+    format: Literal["raw", "triplet"] = "triplet"
+    event_type: str | None = None
+
+
+class RolloutEvents(BaseModel):
+    """One rollout's answer in a batch events read, in the order the ids were asked."""
+
+    rollout_id: str
+    found: bool = Field(description="false: no such rollout (then no events)")
+    state: RolloutState | None = None
+    error_message: str | None = None
+    events: list[Event] = Field(default_factory=list)
 
 
 class RewardData(BaseModel):

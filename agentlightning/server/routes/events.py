@@ -4,11 +4,22 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+import orjson
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from agentlightning.schemas import EVENT_REWARD, ID_PATTERN, Event, EventCreate, RewardData, now
+from agentlightning.schemas import (
+    EVENT_REWARD,
+    ID_PATTERN,
+    BatchEventsQuery,
+    Event,
+    EventCreate,
+    RewardData,
+    Rollout,
+    RolloutEvents,
+    now,
+)
 from agentlightning.server.events import UnencodableEvent, make_record, render_events
 from agentlightning.server.state import GatewayState, state_dependency
 from agentlightning.server.store import RolloutNotFound, StoredEvent
@@ -69,13 +80,53 @@ async def get_events(
     rollout = await state.store.get_rollout(rollout_id)
     if rollout is None:
         raise RolloutNotFound(rollout_id)
+    view = "triplet" if format == "triplet" else "data"
+    events = await _attempt_events(state, rollout, attempt_id, event_type, view)
+    return Response(render_events(events, view), media_type="application/json")
+
+
+async def _attempt_events(
+    state: GatewayState,
+    rollout: Rollout,
+    attempt_id: str | None,
+    event_type: str | None,
+    view: Literal["data", "triplet"],
+) -> list[StoredEvent]:
+    """Events of `attempt_id`, or of the last attempt (see docs/gateway.md)."""
     if attempt_id is None:
         attempt_id = rollout.status.last_attempt_id
     if attempt_id is None:
-        attempts = await state.store.list_attempts(rollout_id)
+        attempts = await state.store.list_attempts(rollout.rollout_id)
         if not attempts:
-            return Response(b"[]", media_type="application/json")
+            return []
         attempt_id = attempts[-1].attempt_id
-    view = "triplet" if format == "triplet" else "data"
-    events = await state.store.list_events(rollout_id, attempt_id, event_type or None, view=view)
-    return Response(render_events(events, view), media_type="application/json")
+    return await state.store.list_events(rollout.rollout_id, attempt_id, event_type or None, view=view)
+
+
+@router.post(
+    "/batch/events",
+    response_class=Response,
+    responses={200: {"model": list[RolloutEvents], "description": "one entry per id, in the order asked"}},
+)
+async def batch_events(body: BatchEventsQuery, state: State) -> Response:
+    """The events of many rollouts' last attempts in one answer (an addition over v1.0): a
+    trainer collecting a step reads hundreds of rollouts, and one request per rollout would
+    cost more than the reads themselves. An unknown id answers `found: false`."""
+    view = "triplet" if body.format == "triplet" else "data"
+    parts: list[bytes] = []
+    for rollout_id in body.rollout_ids:
+        rollout = await state.store.get_rollout(rollout_id)
+        if rollout is None:
+            parts.append(orjson.dumps({"rollout_id": rollout_id, "found": False, "events": []}))
+            continue
+        events = await _attempt_events(state, rollout, None, body.event_type, view)
+        head = orjson.dumps(
+            {
+                "rollout_id": rollout_id,
+                "found": True,
+                "state": rollout.status.state.value,
+                "error_message": rollout.status.error_message,
+            }
+        )
+        parts.append(head[:-1] + b',"events":' + render_events(events, view) + b"}")
+    return Response(b"[" + b",".join(parts) + b"]", media_type="application/json")

@@ -1,7 +1,8 @@
-"""Rollouts: create, list (with long-poll), terminal cursor, get, patch, delete."""
+"""Rollouts: create, list (with long-poll), terminal cursor, get, patch, delete (one or many)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Annotated
 
@@ -9,10 +10,12 @@ from fastapi import APIRouter, Depends, Query, Response
 
 from agentlightning.schemas import (
     Attempt,
+    BatchDeleted,
     Rollout,
     RolloutConfig,
     RolloutCreate,
     RolloutDetail,
+    RolloutIdList,
     RolloutMetadata,
     RolloutPatch,
     RolloutState,
@@ -121,6 +124,16 @@ async def patch_rollout(rollout_id: str, body: RolloutPatch, state: State) -> Ro
     if updated.status.state.is_terminal and body.status.state is not None:
         state.terminal_changes.notify()
     return updated
+
+
+@router.post("/batch/delete", response_model=BatchDeleted)
+async def delete_rollouts(body: RolloutIdList, state: State) -> BatchDeleted:
+    """Delete many rollouts and their events in one request (an addition over v1.0); idempotent."""
+    # Concurrent deletes reach the SQLite writer together and share one transaction.
+    results = await asyncio.gather(*(state.store.delete_rollout(rid) for rid in body.rollout_ids))
+    if any(results):
+        state.rollout_changes.notify()
+    return BatchDeleted(deleted=sum(results))
 
 
 @router.delete("/{rollout_id}", status_code=204, response_class=Response)

@@ -1,0 +1,68 @@
+"""Rollout-level advantages: one scalar per rollout, from the rewards of its group.
+
+The group is the set of rollouts made from the same prompt that take part in training. The
+estimate is computed once per rollout and then broadcast to every trainable token of every
+row of that rollout, so a rollout that made many rows still casts one vote.
+
+* `grpo`: `(r - mean) / (std + eps)` with the unbiased sample std (as verl), or `r - mean`
+  when `norm_by_std` is off.
+* `rloo`: `r - mean(other rewards of the group)`.
+* `mean`: `r - mean`.
+
+A group with a single rollout has no baseline: its advantage is 0, never its raw reward.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+from agentlightning.trainer.config import AdvEstimator
+from agentlightning.trainer.rows import TrainingRow
+
+
+def group_advantages(
+    rewards: Sequence[float],
+    estimator: AdvEstimator = AdvEstimator.GRPO,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> list[float]:
+    """The advantage of each reward of one group, in order."""
+    n = len(rewards)
+    if n <= 1 or all(r == rewards[0] for r in rewards):
+        return [0.0] * n  # no baseline, or no signal: exactly zero, not rounding noise
+    mean = math.fsum(rewards) / n
+    centred = [r - mean for r in rewards]
+    if estimator == AdvEstimator.RLOO:
+        # r - (sum - r)/(n-1) == n/(n-1) * (r - mean)
+        return [c * n / (n - 1) for c in centred]
+    if estimator == AdvEstimator.GRPO and norm_by_std:
+        std = math.sqrt(math.fsum(c * c for c in centred) / (n - 1))
+        return [c / (std + eps) for c in centred]
+    return centred
+
+
+def rollout_advantages(
+    members: Iterable[tuple[str, str, float]],
+    estimator: AdvEstimator = AdvEstimator.GRPO,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> dict[str, float]:
+    """`rollout_id -> advantage` for `(rollout_id, group_id, reward)` triples, grouped by group_id."""
+    groups: dict[str, list[tuple[str, float]]] = {}
+    for rollout_id, group_id, reward in members:
+        groups.setdefault(group_id, []).append((rollout_id, reward))
+    out: dict[str, float] = {}
+    for group in groups.values():
+        advs = group_advantages([r for _, r in group], estimator, norm_by_std, eps)
+        for (rollout_id, _), adv in zip(group, advs, strict=True):
+            if rollout_id in out:
+                raise ValueError(f"rollout {rollout_id} appears twice among the advantage members")
+            out[rollout_id] = adv
+    return out
+
+
+def assign_advantages(rows: Iterable[TrainingRow], advantages: Mapping[str, float]) -> None:
+    """Broadcast each rollout's advantage to all of its rows."""
+    for row in rows:
+        row.advantage = advantages[row.rollout_id]

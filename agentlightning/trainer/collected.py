@@ -1,0 +1,27 @@
+"""The core's input: a rollout that reached a terminal state, with what the Gateway recorded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentlightning.schemas import RolloutState
+
+
+@dataclass(slots=True)
+class CollectedRollout:
+    rollout_id: str
+    group_id: str  # the prompt's data_id
+    state: RolloutState  # succeeded or failed
+    events: list[dict[str, Any]] = field(default_factory=list)  # triplet-format events of the last attempt
+    is_train: bool = True
+    step: int = 0  # the step whose batch created it (its age is current step - step)
+    sample_idx: int = 0  # the prompt's index in that batch
+    index_in_group: int = 0
+    error_message: str | None = None
+    lost: bool = False  # the trainer stopped waiting for it and failed it itself
+    input: Any = None
+
+    @property
+    def failed(self) -> bool:
+        return self.state != RolloutState.SUCCEEDED

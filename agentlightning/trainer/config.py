@@ -1,0 +1,293 @@
+"""The trainer core's settings, read from the one config every backend shares.
+
+Keys that mean the same as in verl keep verl's names (`data.train_batch_size`,
+`actor_rollout_ref.rollout.n`, `actor_rollout_ref.actor.ppo_mini_batch_size`,
+`algorithm.adv_estimator`, …); everything of ours lives in the `agentlightning` block,
+whose schema is `AgentLightningConfig` below. A wrong type, a bad value or an unknown key in
+that block fails at start-up with a `ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, fields
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A bad trainer setting. The message names the key and what is wrong with it."""
+
+
+class AggregationLevel(StrEnum):
+    TRAJECTORY = "trajectory"
+    TRANSITION = "transition"
+
+
+class AdvEstimator(StrEnum):
+    GRPO = "grpo"
+    RLOO = "rloo"
+    MEAN = "mean"
+
+
+class FailedRolloutPolicy(StrEnum):
+    DROP = "drop"
+    TRAIN = "train"
+
+
+# --- the `agentlightning` block ------------------------------------------------------------
+
+
+@dataclass
+class TraceAggregatorConfig:
+    level: str = AggregationLevel.TRAJECTORY.value  # checked into an AggregationLevel
+    # None: fall back to data.max_prompt_length / data.max_response_length (v1.0 behaviour)
+    trajectory_max_prompt_length: int | None = None
+    trajectory_max_response_length: int | None = None
+
+
+@dataclass
+class LocalAgentConfig:
+    agent_class: str | None = None
+    env_map: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class K8sAgentConfig:
+    job_template_path: str | None = None
+
+
+@dataclass
+class AsyncRolloutConfig:
+    enabled: bool = False
+    async_train_batch_size: int = 0  # prompt groups kept in flight; must exceed data.train_batch_size
+    drain_timeout_seconds: float = 120.0
+    pause_retry_after_seconds: float = 5.0
+
+
+@dataclass
+class AgentLightningConfig:
+    agl_base_url: str = "http://127.0.0.1:8181"
+    agl_key: str = ""
+    model_name: str = "policy"
+    rollout_timeout_seconds: float = 600.0
+    rollout_grace_seconds: float = 120.0
+    keep_rollouts: bool = False
+    fetch_concurrency: int = 8
+    poll_wait_seconds: float = 30.0
+    local: LocalAgentConfig = field(default_factory=LocalAgentConfig)
+    k8s: K8sAgentConfig = field(default_factory=K8sAgentConfig)
+    trace_aggregator: TraceAggregatorConfig = field(default_factory=TraceAggregatorConfig)
+    reward_fillna_value: float = 0.0
+    failed_rollouts: str = FailedRolloutPolicy.DROP.value  # checked into a FailedRolloutPolicy
+    max_ppo_update_times: int | None = None
+    keep_partial_minibatch: bool = False
+    adv_epsilon: float = 1e-6
+    seed: int = 0
+    async_rollout: AsyncRolloutConfig = field(default_factory=AsyncRolloutConfig)
+
+
+# --- the resolved settings ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    """Everything the trainer core reads, resolved and validated. Build it with `load_core_config`."""
+
+    agl: AgentLightningConfig = field(default_factory=AgentLightningConfig)
+    train_batch_size: int = 8  # data.train_batch_size: prompt groups per step
+    rollout_n: int = 4  # actor_rollout_ref.rollout.n: rollouts per prompt
+    val_rollout_n: int = 1  # actor_rollout_ref.rollout.val_kwargs.n
+    ppo_mini_batch_size: int = 8  # actor_rollout_ref.actor.ppo_mini_batch_size: groups per mini-batch
+    adv_estimator: AdvEstimator = AdvEstimator.GRPO  # algorithm.adv_estimator
+    norm_adv_by_std_in_grpo: bool = True  # algorithm.norm_adv_by_std_in_grpo
+    max_prompt_length: int | None = None  # data.max_prompt_length
+    max_response_length: int | None = None  # data.max_response_length
+
+    @property
+    def prompt_limit(self) -> int | None:
+        """The row prompt limit of the configured aggregation level."""
+        agg = self.agl.trace_aggregator
+        if agg.level == AggregationLevel.TRAJECTORY and agg.trajectory_max_prompt_length is not None:
+            return agg.trajectory_max_prompt_length
+        return self.max_prompt_length
+
+    @property
+    def response_limit(self) -> int | None:
+        agg = self.agl.trace_aggregator
+        if agg.level == AggregationLevel.TRAJECTORY and agg.trajectory_max_response_length is not None:
+            return agg.trajectory_max_response_length
+        return self.max_response_length
+
+    def job_template(self) -> str | None:
+        """The Kubernetes Job template text, read from `agentlightning.k8s.job_template_path`."""
+        path = self.agl.k8s.job_template_path
+        if not path:
+            return None
+        try:
+            return Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"agentlightning.k8s.job_template_path: cannot read {path!r}: {exc}") from exc
+
+
+# verl-named keys the core reads: config path -> (CoreConfig field, default)
+VERL_KEYS: dict[str, tuple[str, Any]] = {
+    "data.train_batch_size": ("train_batch_size", 8),
+    "actor_rollout_ref.rollout.n": ("rollout_n", 4),
+    "actor_rollout_ref.rollout.val_kwargs.n": ("val_rollout_n", 1),
+    "actor_rollout_ref.actor.ppo_mini_batch_size": ("ppo_mini_batch_size", None),
+    "algorithm.adv_estimator": ("adv_estimator", "grpo"),
+    "algorithm.norm_adv_by_std_in_grpo": ("norm_adv_by_std_in_grpo", True),
+    "data.max_prompt_length": ("max_prompt_length", None),
+    "data.max_response_length": ("max_response_length", None),
+}
+
+
+def _plain(cfg: DictConfig | Mapping[str, Any] | None) -> DictConfig:
+    if cfg is None:
+        return OmegaConf.create({})
+    if isinstance(cfg, DictConfig):
+        return cfg
+    return OmegaConf.create(dict(cfg))
+
+
+def _load_agl_block(raw: Any, backend_keys: Collection[str]) -> AgentLightningConfig:
+    block = OmegaConf.to_container(raw, resolve=True) if isinstance(raw, DictConfig) else raw
+    if block is None:
+        block = {}
+    if not isinstance(block, Mapping):
+        raise ConfigError(f"agentlightning must be a mapping of settings, got {type(block).__name__}")
+    ours = {k: v for k, v in block.items() if k not in backend_keys}
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(AgentLightningConfig), ours)
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or getattr(exc, "key", None) or "?"
+        msg = str(exc).splitlines()[0]
+        raise ConfigError(f"agentlightning.{key}: {msg}") from None
+
+
+def _int(key: str, value: Any, minimum: int, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{key} must be >= {minimum}, got {value}")
+    return value
+
+
+def _choice(key: str, value: str, enum: type[StrEnum]) -> Any:
+    try:
+        return enum(value)
+    except ValueError:
+        choices = ", ".join(e.value for e in enum)
+        raise ConfigError(f"{key} must be one of {choices}, got {value!r}") from None
+
+
+def _check_agl(agl: AgentLightningConfig) -> None:
+    agl.trace_aggregator.level = _choice(
+        "agentlightning.trace_aggregator.level", agl.trace_aggregator.level, AggregationLevel
+    )
+    agl.failed_rollouts = _choice("agentlightning.failed_rollouts", agl.failed_rollouts, FailedRolloutPolicy)
+
+    def positive(key: str, value: float) -> None:
+        if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+            raise ConfigError(f"agentlightning.{key} must be a positive number, got {value!r}")
+
+    positive("rollout_timeout_seconds", agl.rollout_timeout_seconds)
+    positive("poll_wait_seconds", agl.poll_wait_seconds)
+    positive("adv_epsilon", agl.adv_epsilon)
+    positive("async_rollout.drain_timeout_seconds", agl.async_rollout.drain_timeout_seconds)
+    if agl.rollout_grace_seconds < 0:
+        raise ConfigError(
+            f"agentlightning.rollout_grace_seconds must be >= 0, got {agl.rollout_grace_seconds}"
+        )
+    if agl.async_rollout.pause_retry_after_seconds < 0:
+        raise ConfigError("agentlightning.async_rollout.pause_retry_after_seconds must be >= 0")
+    if not math.isfinite(agl.reward_fillna_value):
+        raise ConfigError("agentlightning.reward_fillna_value must be a finite number")
+    _int("agentlightning.fetch_concurrency", agl.fetch_concurrency, 1)
+    _int("agentlightning.max_ppo_update_times", agl.max_ppo_update_times, 1, allow_none=True)
+    agg = agl.trace_aggregator
+    _int(
+        "agentlightning.trace_aggregator.trajectory_max_prompt_length",
+        agg.trajectory_max_prompt_length,
+        1,
+        True,
+    )
+    _int(
+        "agentlightning.trace_aggregator.trajectory_max_response_length",
+        agg.trajectory_max_response_length,
+        1,
+        True,
+    )
+    if not agl.model_name:
+        raise ConfigError(
+            "agentlightning.model_name must not be empty: it is the model name the proxy routes by"
+        )
+    if agl.local.agent_class is not None and not agl.local.agent_class.strip():
+        raise ConfigError("agentlightning.local.agent_class must be module.Class or module:Class, got ''")
+
+
+def load_core_config(
+    cfg: DictConfig | Mapping[str, Any] | None = None, backend_keys: Collection[str] = ()
+) -> CoreConfig:
+    """Resolve and validate the core's settings from a full (verl-style) config.
+
+    `backend_keys` are keys of the `agentlightning` block that belong to the calling backend;
+    the core ignores them instead of rejecting them as unknown.
+    """
+    root = _plain(cfg)
+    agl = _load_agl_block(OmegaConf.select(root, "agentlightning", default=None), backend_keys)
+    _check_agl(agl)
+    values: dict[str, Any] = {}
+    for path, (name, default) in VERL_KEYS.items():
+        value = OmegaConf.select(root, path, default=default)
+        values[name] = OmegaConf.to_container(value) if isinstance(value, DictConfig) else value
+
+    values["train_batch_size"] = _int("data.train_batch_size", values["train_batch_size"], 1)
+    values["rollout_n"] = _int("actor_rollout_ref.rollout.n", values["rollout_n"], 1)
+    values["val_rollout_n"] = _int("actor_rollout_ref.rollout.val_kwargs.n", values["val_rollout_n"], 1)
+    if values["ppo_mini_batch_size"] is None:
+        values["ppo_mini_batch_size"] = values["train_batch_size"]
+    values["ppo_mini_batch_size"] = _int(
+        "actor_rollout_ref.actor.ppo_mini_batch_size", values["ppo_mini_batch_size"], 1
+    )
+    for key in ("data.max_prompt_length", "data.max_response_length"):
+        name = VERL_KEYS[key][0]
+        values[name] = _int(key, values[name], 1, allow_none=True)
+    values["adv_estimator"] = _choice("algorithm.adv_estimator", values["adv_estimator"], AdvEstimator)
+    if not isinstance(values["norm_adv_by_std_in_grpo"], bool):
+        raise ConfigError(
+            f"algorithm.norm_adv_by_std_in_grpo must be true or false, got {values['norm_adv_by_std_in_grpo']!r}"
+        )
+
+    if agl.async_rollout.enabled and agl.async_rollout.async_train_batch_size <= values["train_batch_size"]:
+        raise ConfigError(
+            "agentlightning.async_rollout.async_train_batch_size "
+            f"({agl.async_rollout.async_train_batch_size}) must be greater than data.train_batch_size "
+            f"({values['train_batch_size']}): it is the number of prompt groups kept in flight"
+        )
+    return CoreConfig(agl=agl, **values)
+
+
+def core_config_keys() -> list[str]:
+    """Every key the core reads, dotted, for documentation and `--help`."""
+    keys = list(VERL_KEYS)
+
+    def walk(prefix: str, cls: type) -> None:
+        for f in fields(cls):
+            default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
+            if hasattr(default, "__dataclass_fields__"):
+                walk(f"{prefix}{f.name}.", type(default))
+            else:
+                keys.append(f"{prefix}{f.name}")
+
+    walk("agentlightning.", AgentLightningConfig)
+    return keys

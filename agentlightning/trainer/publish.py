@@ -1,0 +1,118 @@
+"""The trainer's inference endpoints on the Gateway, and weight updates around them.
+
+A weight update runs in this order: pause the Gateway's proxy (agents get 429 with
+Retry-After and retry), wait for the calls already in flight to drain (with a deadline), let
+the backend publish the new weights, register the endpoints with the new model version,
+resume. The endpoint table is never empty while calls can arrive, so no call meets
+"no endpoints", and every call after the resume records the new version.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from agentlightning.client import GatewayClient
+from agentlightning.log import get_logger
+from agentlightning.schemas import Model
+
+log = get_logger("trainer")
+
+
+def normalize_endpoint(address: str) -> str:
+    """`host:port` -> `http://host:port/v1`; a URL is kept as it is (without a trailing slash)."""
+    address = address.strip()
+    if not address:
+        raise ValueError("an inference endpoint address is empty")
+    if address.startswith(("http://", "https://")):
+        return address.rstrip("/")
+    return f"http://{address}/v1"
+
+
+class EndpointPublisher:
+    def __init__(
+        self,
+        client: GatewayClient,
+        model_name: str,
+        drain_timeout_seconds: float = 120.0,
+        retry_after_seconds: float = 5.0,
+    ) -> None:
+        self.client = client
+        self.model_name = model_name
+        self.drain_timeout_seconds = drain_timeout_seconds
+        self.retry_after_seconds = retry_after_seconds
+        self.endpoints: list[str] = []
+        self.version = 0
+
+    def register(self, endpoints: Sequence[str], version: int, replace: bool = False) -> None:
+        """Register `endpoints` as serving `version`. `replace` first clears the Gateway's table
+        (call it only while nothing can be routed: at start-up or while paused)."""
+        urls = [normalize_endpoint(e) for e in endpoints]
+        if not urls:
+            raise ValueError("register at least one inference endpoint")
+        if version < 0:
+            raise ValueError(f"a model version is >= 0, got {version}")
+        if replace:
+            self.client.delete_models()
+        self.client.register_models([Model(model=self.model_name, endpoint=u, version=version) for u in urls])
+        self.endpoints = urls
+        self.version = version
+        log.info("endpoints_registered", model=self.model_name, version=version, endpoints=urls)
+
+    def refresh(self) -> None:
+        """Register the current endpoints and version again (an upsert, never a gap): repairs a
+        Gateway that lost its table, e.g. one restarted with the memory store."""
+        if self.endpoints:
+            self.client.register_models(
+                [Model(model=self.model_name, endpoint=u, version=self.version) for u in self.endpoints]
+            )
+
+    def drain(self, timeout: float) -> tuple[bool, int]:
+        """Wait until no proxied call is in flight; (drained, calls still in flight)."""
+        deadline = time.monotonic() + timeout
+        delay = 0.02
+        while True:
+            inflight = self.client.proxy_state().inflight
+            if inflight <= 0:
+                return True, 0
+            if time.monotonic() >= deadline:
+                return False, inflight
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.5)
+
+    def update(self, publish: Callable[[], Sequence[str] | None], version: int) -> dict[str, float]:
+        """Pause, drain, `publish()` (returns the endpoints, or None to keep them), register, resume."""
+        if version < self.version:
+            raise ValueError(f"the new model version {version} is older than the served {self.version}")
+        started = time.perf_counter()
+        state = self.client.pause(self.retry_after_seconds, reason=f"weight update to version {version}")
+        drain_started = time.perf_counter()
+        drained, residual = self.drain(self.drain_timeout_seconds)
+        drain_seconds = time.perf_counter() - drain_started
+        if not drained:
+            log.warning(
+                "drain_timed_out",
+                inflight=residual,
+                timeout_seconds=self.drain_timeout_seconds,
+                hint="these calls finish on whichever weights serve them; raise "
+                "agentlightning.async_rollout.drain_timeout_seconds if this repeats",
+            )
+        try:
+            publish_started = time.perf_counter()
+            new_endpoints = publish()
+            publish_seconds = time.perf_counter() - publish_started
+            urls = (
+                [normalize_endpoint(e) for e in new_endpoints]
+                if new_endpoints is not None
+                else self.endpoints
+            )
+            self.register(urls, version, replace=set(urls) != set(self.endpoints))
+        finally:
+            self.client.resume()
+        return {
+            "training/async/proxy_inflight_at_pause": state.inflight,
+            "training/async/proxy_drain_seconds": drain_seconds,
+            "training/async/proxy_drain_timed_out": 0 if drained else 1,
+            "timing/publish_s": publish_seconds,
+            "timing/weight_update_s": time.perf_counter() - started,
+        }

@@ -1,0 +1,76 @@
+"""The batch routes (additions over v1.0): many rollouts' events, or deletes, in one request."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from agentlightning.client import BadRequest, GatewayClient
+from agentlightning.schemas import MAX_BATCH_IDS, RolloutState
+
+
+def _call(prompt: list[int], response: list[int]) -> dict:
+    return {
+        "response": {"prompt_token_ids": prompt, "choices": [{"token_ids": response}]},
+        "server": {"model": "policy", "version": 3},
+    }
+
+
+def _setup(c: GatewayClient) -> None:
+    c.create_rollouts([{"rollout_id": rid, "input": {}} for rid in ("r1", "r2", "r3")])
+    c.patch_rollout("r1", state="running", last_attempt_id="a1")
+    c.post_event("r1", "a0", "model_request", _call([1], [9]))  # an older attempt: not returned
+    c.post_event("r1", "a1", "model_request", _call([1, 2], [3]))
+    c.post_event("r1", "a1", "log", {"line": "hello"})
+    c.post_reward("r1", "a1", 0.5)
+    c.patch_rollout("r1", state="succeeded")
+    c.patch_rollout("r2", state="failed", error_message="agent crashed")
+
+
+def test_batch_events_answer_every_id_in_order_with_the_per_rollout_view(gateway):
+    with GatewayClient(gateway.url, gateway.key) as c:
+        _setup(c)
+        items = c.get_events_batch(["r2", "nope", "r1", "r3"])
+        assert [(i["rollout_id"], i["found"]) for i in items] == [
+            ("r2", True),
+            ("nope", False),
+            ("r1", True),
+            ("r3", True),
+        ]
+        assert items[0]["state"] == "failed" and items[0]["error_message"] == "agent crashed"
+        assert items[2]["state"] == RolloutState.SUCCEEDED and items[3]["state"] == "queuing"
+        # exactly what the per-rollout route answers
+        assert items[2]["events"] == c.get_events_json("r1", format="triplet")
+        assert [e["event_type"] for e in items[2]["events"]] == ["model_request", "reward"]
+        assert items[2]["events"][0]["data"]["prompt_token_ids"] == [1, 2]
+        raw = c.get_events_batch(["r1"], format="raw")[0]["events"]
+        assert raw == c.get_events_json("r1", format="raw") and len(raw) == 3
+        rewards = c.get_events_batch(["r1"], format="raw", event_type="reward")[0]["events"]
+        assert [e["data"] for e in rewards] == [{"value": 0.5}]
+        assert c.get_events_batch([]) == []
+
+
+def test_batch_delete_removes_rollouts_and_events_and_is_idempotent(gateway):
+    with GatewayClient(gateway.url, gateway.key) as c:
+        _setup(c)
+        assert c.delete_rollouts(["r1", "r2", "nope"]) == 2
+        assert c.delete_rollouts(["r1", "r2"]) == 0
+        assert [r.rollout_id for r in c.list_rollouts()] == ["r3"]
+        assert c.get_events_batch(["r1"])[0]["found"] is False
+
+
+def test_batch_routes_refuse_bad_bodies_saying_what_is_wrong(gateway):
+    with GatewayClient(gateway.url, gateway.key) as c:
+        with pytest.raises(BadRequest, match="rollout_ids"):
+            c.delete_rollouts([f"r{i}" for i in range(MAX_BATCH_IDS + 1)])
+        with pytest.raises(BadRequest, match="rollout_ids"):
+            c.get_events_batch(["has space"])
+        with pytest.raises(BadRequest, match="format"):
+            c.get_events_batch(["r1"], format="xml")  # type: ignore[arg-type]
+    answer = httpx.post(
+        f"{gateway.url}/api/rollouts/batch/delete",
+        json={"rollout_ids": [], "extra": 1},
+        headers={"Authorization": f"Bearer {gateway.key}"},
+    )
+    assert answer.status_code == 422 and "extra" in answer.text
+    assert httpx.post(f"{gateway.url}/api/rollouts/batch/events", json={"rollout_ids": []}).status_code == 401
