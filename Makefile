@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-LINT_DIRS := $(wildcard agentlightning tests bench examples)
+LINT_DIRS := $(wildcard agentlightning tests bench examples docs)
 
 .PHONY: venv test lint demo clean
 

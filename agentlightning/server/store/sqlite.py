@@ -276,6 +276,8 @@ class SqliteStore(Store):
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
         conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer thread does it
+        # Some builds (Debian's) zero every freed page on delete; FAST only overwrites in place.
+        conn.execute("PRAGMA secure_delete=FAST")
         if readonly:
             conn.execute("PRAGMA query_only=ON")
         return conn
