@@ -20,11 +20,12 @@ import argparse
 import asyncio
 import json
 import random
+import re
 import statistics
 import sys
 import time
 import warnings
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +34,7 @@ import torch
 
 from agentlightning.demo.agent import solve
 from agentlightning.demo.model import TinyModelConfig, build_tiny
-from agentlightning.demo.task import make_dataset, reward
+from agentlightning.demo.task import ACTIONS, make_dataset, reward
 from agentlightning.demo.warmup import WarmupConfig, warmup
 from agentlightning.torch_backend.engine import TorchEngine
 from agentlightning.torch_backend.inference_server import create_app
@@ -114,6 +115,27 @@ def aggregate(
     return rows, breaks
 
 
+def diagnose(problem: dict[str, Any], calls: list[Call], tokenizer: Any) -> str:
+    """Why a validation rollout failed: format, copy of the number, operation, amount, answer."""
+    x = int(re.findall(r"\d", problem["question"])[0])
+    op = next(o for o, words in ACTIONS.items() if any(w in problem["question"] for w in words))
+    if not calls:
+        return "no_call"
+    text = tokenizer.decode(calls[0].response_ids, skip_special_tokens=True)
+    m = re.search(r'"expression": "(\d+)([-+*])(\d+)"', text)
+    if m is None:
+        return "bad_tool_call"
+    if int(m.group(1)) != x:
+        return "wrong_number"
+    if m.group(2) != op[0]:
+        return "wrong_operation"
+    if m.group(3) != op[1:]:
+        return "wrong_amount"
+    if len(calls) < 2:
+        return "no_answer_call"
+    return "wrong_answer_copy"
+
+
 class Harness:
     def __init__(self, engine: TorchEngine) -> None:
         self.engine = engine
@@ -189,9 +211,14 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         out: dict[str, Any] = {"seed": seed, "step": step, "train_s": round(t_train, 1)}
         for temp in args.val_temps:
             t0 = time.perf_counter()
-            res, _ = asyncio.run(harness.run(val, 1, temp, f"val{step}"))
+            res, calls = asyncio.run(harness.run(val, 1, temp, f"val{step}"))
             out[f"val_T{temp}"] = round(statistics.fmean(r for _, r in res.values()), 3)
             out[f"val_T{temp}_s"] = round(time.perf_counter() - t0, 1)
+            by_id = {p["id"]: p for p in val}
+            failures = Counter(
+                diagnose(by_id[gid], calls[rid], tok) for rid, (gid, value) in res.items() if value == 0.0
+            )
+            out[f"val_T{temp}_failures"] = dict(failures)
         print(json.dumps(out), flush=True)
         return out
 
@@ -276,7 +303,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--warmup-steps", type=int, default=600)
+    ap.add_argument("--warmup-steps", type=int, default=800)
     ap.add_argument("--warmup-lr", type=float, default=1e-2)
     ap.add_argument("--warmup-batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=5e-4)

@@ -24,7 +24,7 @@ from agentlightning.demo.task import TOOL_NAME, TOOLS, calculator, make_problem
 
 @dataclass
 class WarmupConfig:
-    steps: int = 600
+    steps: int = 800
     batch_size: int = 16
     lr: float = 1e-2
     weight_decay: float = 0.0
@@ -108,8 +108,10 @@ def warmup(model: Any, tokenizer: Any, config: WarmupConfig | None = None) -> di
     device = next(model.parameters()).device
     examples = make_examples(tokenizer, config.steps * config.batch_size, config.seed, config.correct_op_prob)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    # Short ramp-up, constant, then a decay over the last fifth (copying is learned mid-way).
+    tail = max(1, config.steps // 5)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / max(config.steps, 1))
+        optimizer, lambda s: min(1.0, (s + 1) / 20) * max(0.05, min(1.0, (config.steps - s) / tail))
     )
     model.train()
     t0 = time.perf_counter()
@@ -127,7 +129,7 @@ def warmup(model: Any, tokenizer: Any, config: WarmupConfig | None = None) -> di
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     model.eval()
     tail = losses[-20:]
     return {"warmup/loss": sum(tail) / max(len(tail), 1), "warmup/time_s": time.perf_counter() - t0}

@@ -181,6 +181,7 @@ class _Swap:
 class EngineStats:
     steps: int = 0
     prefills: int = 0
+    admitted: int = 0  # sequences that entered the running batch
     generated_tokens: int = 0
     max_batch_size: int = 0
     batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=4096))
@@ -231,6 +232,11 @@ class TorchEngine:
     @property
     def version(self) -> int:
         return self._version
+
+    @property
+    def swap_pending(self) -> bool:
+        """A publish is waiting for running sequences to finish (new ones wait meanwhile)."""
+        return bool(self._swaps)
 
     def check_prompt(self, prompt_ids: Sequence[int], max_tokens: int | None) -> int:
         """Validate a prompt; return the effective max_tokens. Raises ValueError with the reason."""
@@ -448,6 +454,7 @@ class TorchEngine:
         kv = [(k.masked_fill(pad, 0), v.masked_fill(pad, 0)) for k, v in kv]
         positions = torch.tensor(lengths, device=self.device)
         self.stats.prefills += 1
+        self.stats.admitted += len(seqs)
         self._merge(seqs, kv, mask, positions, logits.float())
 
     def _merge(
@@ -630,12 +637,18 @@ class TorchEngine:
             raise EngineError(last.error)
         real = [o for o in outs if o.token_id >= 0]
         ids = [o.token_id for o in real]
+        detokenized = any(o.text_delta is not None for o in outs)
+        text = (
+            "".join(o.text_delta or "" for o in outs)
+            if detokenized
+            else self.decode_output(ids, last.finish_reason, last.stop_reason)
+        )
         return SequenceResult(
             prompt_ids=list(prompt),
             token_ids=ids,
             logprobs=[o.logprob for o in real],
             top_logprobs=[o.top_logprobs or [] for o in real],
-            text=self.decode_output(ids, last.finish_reason, last.stop_reason),
+            text=text,
             finish_reason=last.finish_reason or "abort",
             stop_reason=last.stop_reason,
             version=last.version,

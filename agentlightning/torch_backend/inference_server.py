@@ -28,7 +28,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from agentlightning import __version__
 from agentlightning.log import get_logger
-from agentlightning.torch_backend.engine import EngineError, SamplingParams, StepOutput, TorchEngine
+from agentlightning.torch_backend.engine import (
+    EngineError,
+    RequestStream,
+    SamplingParams,
+    StepOutput,
+    TorchEngine,
+)
 from agentlightning.torch_backend.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -44,6 +50,7 @@ from agentlightning.torch_backend.protocol import (
 
 log = get_logger("torch_server")
 VERSION_HEADER = "X-Model-Version"
+_Events = AsyncIterator[tuple[int, StepOutput]]
 
 
 class _BadRequest(Exception):
@@ -111,10 +118,11 @@ class OpenAIServing:
         params = req.sampling(max_tokens, k)
         stream = self.engine.add_request([prompt_ids], params, req.n)
         if req.stream:
+            events, version = await self._start(stream)
             return StreamingResponse(
-                self._chat_stream(req, prompt_ids, stream),
+                self._chat_stream(req, prompt_ids, stream, events),
                 media_type="text/event-stream",
-                headers={VERSION_HEADER: str(self.engine.version)},
+                headers={VERSION_HEADER: str(version)},
             )
         choices = await self._collect(stream, req.n)
         version = self._version(choices)
@@ -152,7 +160,7 @@ class OpenAIServing:
         return _json(body, version=version)
 
     async def _chat_stream(
-        self, req: ChatCompletionRequest, prompt_ids: list[int], stream: Any
+        self, req: ChatCompletionRequest, prompt_ids: list[int], stream: RequestStream, events: _Events
     ) -> AsyncIterator[bytes]:
         rid, created = new_id("chatcmpl"), now()
         parse_tools = req.parse_tools()
@@ -175,7 +183,7 @@ class OpenAIServing:
                 first["finish_reason"] = None
                 extra = {"prompt_token_ids": prompt_ids} if req.return_token_ids and i == 0 else {}
                 yield _sse(chunk(first, **extra))
-            async for index, out in stream:
+            async for index, out in events:
                 ch = choices[index]
                 ch.add(out)
                 if out.error is not None:
@@ -273,10 +281,11 @@ class OpenAIServing:
         params = req.sampling(max_tokens, k)
         stream = self.engine.add_request(prompts, params, req.n)
         if req.stream:
+            events, version = await self._start(stream)
             return StreamingResponse(
-                self._completion_stream(req, prompts, stream),
+                self._completion_stream(req, prompts, stream, events),
                 media_type="text/event-stream",
-                headers={VERSION_HEADER: str(self.engine.version)},
+                headers={VERSION_HEADER: str(version)},
             )
         choices = await self._collect(stream, len(prompts) * req.n)
         version = self._version(choices)
@@ -308,14 +317,14 @@ class OpenAIServing:
         return _json(body, version=version)
 
     async def _completion_stream(
-        self, req: CompletionRequest, prompts: list[list[int]], stream: Any
+        self, req: CompletionRequest, prompts: list[list[int]], stream: RequestStream, events: _Events
     ) -> AsyncIterator[bytes]:
         rid, created = new_id("cmpl"), now()
         k = req.logprobs or 0
         choices = [_Choice() for _ in range(len(prompts) * req.n)]
         first_chunk = [True] * len(choices)
         try:
-            async for index, out in stream:
+            async for index, out in events:
                 ch = choices[index]
                 ch.add(out)
                 if out.error is not None:
@@ -399,7 +408,27 @@ class OpenAIServing:
             return ch.text
         return self.engine.decode_output(ch.token_ids, ch.finish_reason, ch.stop_reason)
 
-    async def _collect(self, stream: Any, count: int) -> list[_Choice]:
+    async def _start(self, stream: RequestStream) -> tuple[_Events, int]:
+        """Wait for the first output, so that the headers carry the version that serves the stream
+        and a failure before any token is a plain error answer instead of a broken stream."""
+        events = stream.__aiter__()
+        try:
+            first = await anext(events)
+        except BaseException:
+            stream.cancel()
+            raise
+        if first[1].error is not None:
+            stream.cancel()
+            raise EngineError(first[1].error)
+
+        async def replay() -> AsyncIterator[tuple[int, StepOutput]]:
+            yield first
+            async for item in events:
+                yield item
+
+        return replay(), first[1].version
+
+    async def _collect(self, stream: RequestStream, count: int) -> list[_Choice]:
         choices = [_Choice() for _ in range(count)]
         try:
             async for index, out in stream:

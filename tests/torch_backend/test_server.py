@@ -123,7 +123,13 @@ def test_completions_triplet_log_probs_match_and_token_prompts(server: Inference
         assert all(len(t) <= 2 for t in lp["top_logprobs"])
         assert choice["text"] == tok.decode(choice["token_ids"], skip_special_tokens=True)
     # A text prompt is tokenized by the server, and gives what its token ids give.
-    greedy = {"model": "policy", "max_tokens": 8, "temperature": 0, "return_token_ids": True, "ignore_eos": True}
+    greedy = {
+        "model": "policy",
+        "max_tokens": 8,
+        "temperature": 0,
+        "return_token_ids": True,
+        "ignore_eos": True,
+    }
     by_text = post(server, "/completions", {**greedy, "prompt": "Hello"}).json()["choices"][0]
     by_ids = post(server, "/completions", {**greedy, "prompt": other_ids}).json()["choices"][0]
     assert by_text["prompt_token_ids"] == other_ids and by_text["token_ids"] == by_ids["token_ids"]
