@@ -188,7 +188,13 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     wm = warmup(
         model,
         tok,
-        WarmupConfig(steps=args.warmup_steps, batch_size=args.warmup_batch, lr=args.warmup_lr, seed=seed),
+        WarmupConfig(
+            steps=args.warmup_steps,
+            batch_size=args.warmup_batch,
+            lr=args.warmup_lr,
+            seed=seed,
+            correct_op_prob=args.demo_correct,
+        ),
     )
     t_warm = time.perf_counter() - t_start
     serve_model, _ = build_tiny(cfg, seed=seed)
@@ -306,6 +312,7 @@ def main() -> None:
     ap.add_argument("--warmup-steps", type=int, default=800)
     ap.add_argument("--warmup-lr", type=float, default=1e-2)
     ap.add_argument("--warmup-batch", type=int, default=16)
+    ap.add_argument("--demo-correct", type=float, default=WarmupConfig.correct_op_prob)
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--batch", type=int, default=16, help="prompts per step")
     ap.add_argument("--n", type=int, default=8, help="rollouts per prompt (group size)")

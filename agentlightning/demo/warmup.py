@@ -1,11 +1,13 @@
 """Supervised warm-up of the demo policy on generated, deliberately imperfect demonstrations.
 
 A randomly initialised model cannot even produce a tool call, so RL would have nothing to
-improve. The warm-up teaches the *protocol* only: the demonstrations always call the
-calculator with the question's number and the amount its wording names (two or three), and
-report the tool's answer, but pick the operation (+, -, *) at random. After the warm-up the
-agent follows the protocol but is right only about one time in three; which operation each
-wording means is left for RL to learn from the reward. The demo says so in its output.
+improve. So the warm-up imitates a *naive* agent: it always follows the protocol (calls the
+calculator with the question's number and the amount its wording names, two or three, then
+reports the tool's answer) but adds too often: on subtract and multiply problems it uses the
+right operation only 35% of the time and adds otherwise. After the warm-up the policy answers
+greedily right only on addition problems (about a third of them) and right about 55% of the
+time when sampling; which operation each wording means is left for RL to learn from the reward.
+The demo says so in its output.
 """
 
 from __future__ import annotations
@@ -31,10 +33,10 @@ class WarmupConfig:
     seed: int = 0
     # The demonstrator is a naive agent that adds: right on "more" problems, and on the others
     # it uses the right operation (- or *) with this probability, else +.
-    correct_op_prob: float = 0.25
+    correct_op_prob: float = 0.35
 
 
-def demonstration(rng: random.Random, correct_op_prob: float = 0.25) -> tuple[str, str, str, str]:
+def demonstration(rng: random.Random, correct_op_prob: float = 0.35) -> tuple[str, str, str, str]:
     """One problem's conversation: (question, tool-call turn, tool result, answer turn)."""
     problem = make_problem(rng)
     right = problem.op[0]
@@ -92,7 +94,7 @@ def corpus(tokenizer: Any, n: int, seed: int) -> list[str]:
 
 
 def make_examples(
-    tokenizer: Any, n: int, seed: int, correct_op_prob: float = 0.25
+    tokenizer: Any, n: int, seed: int, correct_op_prob: float = 0.35
 ) -> list[tuple[list[int], list[int]]]:
     rng = random.Random(seed)
     out = []

@@ -6,11 +6,12 @@ server in its own process (`InferenceServer(...).start()`, a uvicorn thread) and
 weights with `InferenceServer.publish()`; the version served is in `/v1/models` and in the
 `X-Model-Version` header of every answer. Standalone:
 
-    python -m agentlightning.torch_backend.inference_server model=PATH served_model_name=policy port=8000
+    agl-torch-server model=PATH served_model_name=policy port=8000   (or python -m agentlightning.torch_backend.inference_server)
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import sys
 import threading
@@ -107,7 +108,7 @@ class OpenAIServing:
 
     # --- chat ---------------------------------------------------------------------------------
 
-    async def chat(self, req: ChatCompletionRequest) -> Response:
+    async def chat(self, req: ChatCompletionRequest, request: Request | None = None) -> Response:
         self._check_common(req)
         if (msg := req.tool_choice_error()) is not None:
             raise _BadRequest(msg)
@@ -124,7 +125,7 @@ class OpenAIServing:
                 media_type="text/event-stream",
                 headers={VERSION_HEADER: str(version)},
             )
-        choices = await self._collect(stream, req.n)
+        choices = await self._collect(stream, req.n, request)
         version = self._version(choices)
         body_choices = []
         for i, ch in enumerate(choices):
@@ -254,7 +255,7 @@ class OpenAIServing:
 
     # --- completions --------------------------------------------------------------------------
 
-    async def completions(self, req: CompletionRequest) -> Response:
+    async def completions(self, req: CompletionRequest, request: Request | None = None) -> Response:
         self._check_common(req)
         if req.echo:
             raise _BadRequest("echo is not supported by the built-in torch server")
@@ -287,7 +288,7 @@ class OpenAIServing:
                 media_type="text/event-stream",
                 headers={VERSION_HEADER: str(version)},
             )
-        choices = await self._collect(stream, len(prompts) * req.n)
+        choices = await self._collect(stream, len(prompts) * req.n, request)
         version = self._version(choices)
         body_choices = []
         for index, ch in enumerate(choices):
@@ -428,13 +429,17 @@ class OpenAIServing:
 
         return replay(), first[1].version
 
-    async def _collect(self, stream: RequestStream, count: int) -> list[_Choice]:
+    async def _collect(self, stream: RequestStream, count: int, request: Request | None) -> list[_Choice]:
         choices = [_Choice() for _ in range(count)]
+        # A client that goes away (an agent killed at its timeout) frees its rows, as in vLLM.
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, stream)) if request is not None else None
         try:
             async for index, out in stream:
                 choices[index].add(out)
         finally:
             stream.cancel()
+            if watcher is not None:
+                watcher.cancel()
         errors = [c.error for c in choices if c.error]
         if errors:
             raise EngineError(errors[0])
@@ -445,6 +450,13 @@ class OpenAIServing:
             if c.outs:
                 return c.outs[-1].version
         return self.engine.version
+
+
+async def _cancel_on_disconnect(request: Request, stream: RequestStream) -> None:
+    # The body has been read: the next ASGI message is the disconnect, whenever it comes.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    stream.cancel()
 
 
 def create_app(engine: TorchEngine, model_name: str = "policy") -> FastAPI:
@@ -492,12 +504,12 @@ def create_app(engine: TorchEngine, model_name: str = "policy") -> FastAPI:
         return _json({"object": "list", "data": [card]}, version=engine.version)
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatCompletionRequest) -> Response:
-        return await serving.chat(req)
+    async def chat(req: ChatCompletionRequest, request: Request) -> Response:
+        return await serving.chat(req, request)
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest) -> Response:
-        return await serving.completions(req)
+    async def completions(req: CompletionRequest, request: Request) -> Response:
+        return await serving.completions(req, request)
 
     return app
 
@@ -617,7 +629,7 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(name)
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(name)
     return model.to(device=device, dtype=dtype).eval(), tokenizer
 
 

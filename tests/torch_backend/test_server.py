@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import httpx
@@ -13,9 +14,10 @@ from openai import AsyncOpenAI, BadRequestError, NotFoundError, OpenAI
 
 from agentlightning.demo.task import TOOLS
 from agentlightning.server.triplet import model_request_triplet
+from agentlightning.torch_backend.engine import TorchEngine
 from agentlightning.torch_backend.inference_server import VERSION_HEADER, InferenceServer
 
-from .tiny import QUESTION, TOOL_CALL_TEXT
+from .tiny import QUESTION, TOOL_CALL_TEXT, fresh_copy
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -408,3 +410,29 @@ def test_bad_requests_get_clear_4xx(server: InferenceServer) -> None:
     assert r.status_code == 400
     r = post(server, "/chat/completions", {"model": "policy", "messages": []})
     assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
+
+
+def test_a_client_that_goes_away_frees_its_rows(tiny_model: Any, tokenizer: Any) -> None:
+    """An agent killed mid-call must not keep the engine generating its 480 tokens."""
+    engine = TorchEngine(fresh_copy(tiny_model, tokenizer), tokenizer)
+    real_forward = engine.model.forward
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.005)  # 480 tokens now take at least 2.4 s
+        return real_forward(*args, **kwargs)
+
+    engine.model.forward = slow  # type: ignore[method-assign]
+    server = InferenceServer(engine, "policy").start()
+    try:
+        body = {"model": "policy", "prompt": "x", "max_tokens": 480, "ignore_eos": True}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{server.endpoint}/completions", json=body, timeout=0.3, trust_env=False)
+        for _ in range(300):  # the row is gone well before the 480 tokens would have been made
+            if engine.stats.steps > 0 and not engine._rows:
+                break
+            time.sleep(0.01)
+        assert not engine._rows
+        assert engine.stats.generated_tokens < 300
+    finally:
+        server.stop()
+        engine.close()
