@@ -88,9 +88,13 @@ def conversation_text(tokenizer: Any, question: str, turn1: str, tool_result: st
 
 
 def corpus(tokenizer: Any, n: int, seed: int) -> list[str]:
-    """Whole demonstration conversations as text (to train the demo tokenizer on)."""
+    """Whole, correct conversations as text (to train the demo tokenizer on).
+
+    Independent of the warm-up's settings, so that tuning the demonstrator never changes the
+    tokenizer.
+    """
     rng = random.Random(seed)
-    return [conversation_text(tokenizer, *demonstration(rng)) for _ in range(n)]
+    return [conversation_text(tokenizer, *demonstration(rng, correct_op_prob=1.0)) for _ in range(n)]
 
 
 def make_examples(

@@ -180,8 +180,12 @@ class OpenAIServing:
 
         try:
             for i in range(req.n):
-                first = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
-                first["finish_reason"] = None
+                first = {
+                    "index": i,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
                 extra = {"prompt_token_ids": prompt_ids} if req.return_token_ids and i == 0 else {}
                 yield _sse(chunk(first, **extra))
             async for index, out in events:
@@ -273,11 +277,9 @@ class OpenAIServing:
                 prompts.append(list(p))
             else:
                 raise _BadRequest("prompt must be a string, a list of strings, or token ids")
-        max_tokens = 0
-        for p in prompts:
-            max_tokens = max(max_tokens, self._max_tokens(p, req.max_tokens))
-        if req.max_tokens is None:  # fill each prompt's own room, like vLLM
-            max_tokens = min(self._max_tokens(p, None) for p in prompts)
+        # Without max_tokens each prompt may fill the context; all share one setting, so the least room.
+        rooms = [self._max_tokens(p, req.max_tokens) for p in prompts]
+        max_tokens = req.max_tokens if req.max_tokens is not None else min(rooms)
         k = req.logprobs or 0
         params = req.sampling(max_tokens, k)
         stream = self.engine.add_request(prompts, params, req.n)
