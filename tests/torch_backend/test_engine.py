@@ -164,3 +164,35 @@ def test_backend_config_reads_verl_keys_and_ignores_verl_only_ones() -> None:
         load_torch_backend_config({"actor_rollout_ref": {"actor": {"kl_loss_type": "nope"}}})
     with pytest.raises(ValueError, match="temperature"):
         load_torch_backend_config({"actor_rollout_ref": {"rollout": {"temperature": 0}}})
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(0.1, 1.0), (0.1, 0.6)])
+def test_sampled_tokens_follow_the_reported_distribution(
+    engine: TorchEngine, temperature: float, top_p: float
+) -> None:
+    """4,000 first tokens: their frequencies match softmax(logits / T) (renormalised under top-p)."""
+    prompt = [3, 1, 4, 1, 5]
+    with torch.no_grad():
+        logits = engine.model(torch.tensor([prompt])).logits[0, -1].float()
+    probs = torch.softmax(logits / temperature, -1)
+    order = probs.argsort(descending=True)
+    if top_p < 1.0:
+        before = probs[order].cumsum(0) - probs[order]
+        keep = order[before < top_p]
+        probs = torch.zeros_like(probs).index_fill(0, keep, 1.0) * probs
+        probs = probs / probs.sum()
+    n = 4000
+    results = engine.generate(
+        [prompt] * n, SamplingParams(max_tokens=1, temperature=temperature, top_p=top_p)
+    )
+    counts = torch.bincount(torch.tensor([r.token_ids[0] for r in results]), minlength=probs.numel()).float()
+    freq = counts / n
+    assert freq[probs == 0].sum() == 0  # nothing outside the nucleus
+    for t in order[:5]:
+        p = probs[t].item()
+        assert abs(freq[t].item() - p) <= 4 * (p * (1 - p) / n) ** 0.5 + 1e-3, (t, freq[t], p)
+    # The reported log-prob is that of the temperature-scaled distribution, before truncation.
+    first = results[0]
+    assert first.logprobs[0] == pytest.approx(
+        torch.log_softmax(logits / temperature, -1)[first.token_ids[0]].item(), abs=1e-4
+    )
