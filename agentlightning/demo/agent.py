@@ -1,0 +1,109 @@
+"""The demo agent: a plain multi-turn tool-calling loop on the official `openai` client.
+
+It knows nothing about training. The Controller starts it with the rollout's environment:
+`AGL_OPENAI_BASE_URL` (the Gateway's proxy for this rollout), `AGL_KEY`, `AGL_EVENT_URL`, and
+`QUESTION` / `ANSWER` from the rollout input (`env_map`). It asks the model, runs the
+calculator when the model calls it, sends the result back, and reports a reward of 1.0 when
+the final answer is right. A typical rollout makes two model calls with a tool result between
+them.
+
+    local: {agent_class: agentlightning.demo.agent:CalcAgent,
+            env_map: {QUESTION: input.question, ANSWER: input.answer}}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any
+
+from agentlightning.demo.task import TOOL_NAME, TOOLS, calculator, reward
+
+MAX_TURNS = 3
+MAX_TOKENS = 96
+
+
+async def solve(
+    client: Any, question: str, model: str = "policy", max_turns: int = MAX_TURNS, **create_kwargs: Any
+) -> str | None:
+    """Run the tool loop with an `openai.AsyncOpenAI` client; return the final answer text."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": question}]
+    for _ in range(max_turns):
+        response = await client.chat.completions.create(
+            model=model, messages=messages, tools=TOOLS, max_tokens=MAX_TOKENS, **create_kwargs
+        )
+        message = response.choices[0].message
+        calls = message.tool_calls or []
+        if not calls:
+            return message.content
+        messages.append(
+            {
+                "role": "assistant",
+                "content": message.content,
+                "tool_calls": [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.function.name, "arguments": c.function.arguments},
+                    }
+                    for c in calls
+                ],
+            }
+        )
+        for call in calls:
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": run_tool(call.function)})
+    return None
+
+
+def run_tool(function: Any) -> str:
+    if function.name != TOOL_NAME:
+        return f"error: unknown tool {function.name}"
+    try:
+        args = json.loads(function.arguments or "{}")
+    except json.JSONDecodeError:
+        return "error: arguments are not JSON"
+    if not isinstance(args, dict) or not isinstance(args.get("expression"), str):
+        return 'error: expected {"expression": "..."}'
+    return calculator(args["expression"])
+
+
+class CalcAgent:
+    """The rollout entry point for the Controller's local runner (`run()` is synchronous)."""
+
+    def run(self) -> None:
+        asyncio.run(self.arun())
+
+    async def arun(self) -> float:
+        import httpx
+        from openai import AsyncOpenAI
+
+        base_url = os.environ["AGL_OPENAI_BASE_URL"]
+        key = os.environ.get("AGL_KEY", "")
+        question = os.environ["QUESTION"]
+        expected = int(os.environ["ANSWER"])
+        # Generous retries: the Gateway answers 429 + Retry-After while the trainer swaps weights.
+        client = AsyncOpenAI(base_url=base_url, api_key=key or "unused", max_retries=20, timeout=300.0)
+        try:
+            answer = await solve(client, question, model=os.environ.get("AGL_MODEL", "policy"))
+        finally:
+            await client.close()
+        value = reward(answer, expected)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        body = {"event_type": "reward", "data": {"value": value, "source": "demo", "reason": answer or ""}}
+        async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
+            for attempt in range(5):
+                try:
+                    (
+                        await http.post(os.environ["AGL_EVENT_URL"], json=body, headers=headers)
+                    ).raise_for_status()
+                    break
+                except httpx.HTTPError:
+                    if attempt == 4:
+                        raise
+                    await asyncio.sleep(0.5 * 2**attempt)
+        return value
+
+
+if __name__ == "__main__":
+    CalcAgent().run()

@@ -1,0 +1,128 @@
+"""The torch backend's configuration: verl's `actor_rollout_ref.*` keys where they mean the same.
+
+One config file can drive both backends, so keys that only verl uses (`strategy`, `fsdp_config`,
+`rollout.name`, `tensor_model_parallel_size`, …) are accepted and ignored (and listed once in
+the log); a key the torch backend uses but with a wrong type fails at start-up, naming the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from agentlightning.log import get_logger
+from agentlightning.torch_backend.policy import ActorConfig
+
+log = get_logger("torch_config")
+
+
+@dataclass
+class ModelConfig:
+    """`actor_rollout_ref.model.*`"""
+
+    path: str = "demo"  # a Hugging Face model directory, or "demo" (the demo's tiny model)
+    enable_gradient_checkpointing: bool = False
+
+
+@dataclass
+class ValKwargs:
+    """`actor_rollout_ref.rollout.val_kwargs.*`: sampling for validation."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    n: int = 1
+
+
+@dataclass
+class TorchRolloutConfig:
+    """`actor_rollout_ref.rollout.*`: the built-in inference server."""
+
+    n: int = 4  # rollouts per prompt (the GRPO group size)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA | float32 | bfloat16 | float16
+    max_num_seqs: int = 256  # most sequences decoded together
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    max_num_batched_tokens: int = 16384  # prompt tokens prefilled together
+    # Ours:
+    device: str = "auto"  # auto | cpu | cuda | cuda:N (shared by the policy update)
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: a free port
+    seed: int = 0
+
+
+@dataclass
+class TorchBackendConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: TorchRolloutConfig = field(default_factory=TorchRolloutConfig)
+
+    def validate(self) -> None:
+        if self.rollout.n < 1:
+            raise ValueError("actor_rollout_ref.rollout.n must be at least 1")
+        if self.rollout.temperature <= 0:
+            raise ValueError("actor_rollout_ref.rollout.temperature must be > 0 for training")
+        self.actor.temperature = self.rollout.temperature
+        self.actor.gradient_checkpointing = self.model.enable_gradient_checkpointing
+        try:
+            self.actor.validate()
+        except ValueError as exc:
+            raise ValueError(f"actor_rollout_ref.{exc}") from None
+
+
+def load_torch_backend_config(cfg: DictConfig | dict[str, Any] | None) -> TorchBackendConfig:
+    """Read `actor_rollout_ref.{model,actor,rollout}` from a full training config."""
+    root = OmegaConf.create(cfg or {})
+    section = OmegaConf.select(root, "actor_rollout_ref", default=None) or OmegaConf.create({})
+    known = OmegaConf.structured(TorchBackendConfig)
+    picked, ignored = _split_known(OmegaConf.to_container(section, resolve=True), TorchBackendConfig)
+    if ignored:
+        log.info(
+            "config_keys_ignored_by_torch_backend", keys=sorted(f"actor_rollout_ref.{k}" for k in ignored)
+        )
+    try:
+        merged = OmegaConf.merge(known, picked)
+    except Exception as exc:
+        raise ValueError(f"bad actor_rollout_ref config: {exc}") from None
+    config: TorchBackendConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    config.validate()
+    return config
+
+
+def _split_known(values: Any, schema: type, prefix: str = "") -> tuple[dict[str, Any], list[str]]:
+    """The part of `values` that `schema` (a dataclass) declares, and the dotted keys it does not."""
+    if not isinstance(values, dict):
+        return {}, []
+    declared = {f.name: f for f in fields(schema)}
+    picked: dict[str, Any] = {}
+    ignored: list[str] = []
+    for key, value in values.items():
+        f = declared.get(key)
+        if f is None:
+            ignored.append(f"{prefix}{key}")
+            continue
+        sub = _dataclass_type(f)
+        if sub is not None and isinstance(value, dict):
+            inner, more = _split_known(value, sub, f"{prefix}{key}.")
+            picked[key] = inner
+            ignored += more
+        else:
+            picked[key] = value
+    return picked, ignored
+
+
+def _dataclass_type(f: Any) -> type | None:
+    default_factory = f.default_factory
+    if callable(default_factory):
+        try:
+            value = default_factory()
+        except TypeError:
+            return None
+        if is_dataclass(value):
+            return type(value)
+    return None

@@ -1,0 +1,456 @@
+"""GRPO/PPO policy update in plain PyTorch, on the trainer core's `TrainingRow`s.
+
+For every mini-batch the core hands over (its rows' `loss_weight`s sum to 1 over trainable
+tokens, so each rollout counts once whatever its number of rows or tokens):
+
+    loss = Σ_rows Σ_tokens loss_weight · mask · token_loss
+
+    token_loss = PPO clipped surrogate with dual clip (verl's `compute_policy_loss`):
+        ratio = exp(logp − old_logp)
+        l1 = −A·ratio,  l2 = −A·clip(ratio, 1 − clip_ratio_low, 1 + clip_ratio_high)
+        l  = max(l1, l2);  for A < 0: l = min(l, −A·clip_ratio_c)
+      (+ kl_loss_coef · KL(π‖π_ref) when use_kl_loss, − entropy_coeff · H when entropy_coeff ≠ 0)
+
+`logp` is recomputed with the current weights as `log_softmax(logits / T)` with T the rollout
+temperature — the quantity the inference server reports — so on fresh data `old_logp` can be
+the rollout's own log-probs (`old_log_prob_source=rollout`, no extra forward pass) or a
+recomputation with the weights before this step's first optimizer step (`recompute`). With
+`recompute` and `tis_imp_ratio_cap > 0`, each token is also weighted by the truncated
+importance ratio `min(exp(old_logp − rollout_logp), cap)` (stale rollouts in async mode).
+
+Micro-batches accumulate gradients: because the weights are normalised over the mini-batch,
+the sum of the micro-batch losses *is* the mini-batch loss, so no rescaling is needed. Then
+gradient clipping and one AdamW step. Parameters are fp32; on CUDA the forward pass runs
+under bf16 autocast (log-softmax in fp32).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from agentlightning.log import get_logger
+from agentlightning.torch_backend import hf_compat
+from agentlightning.torch_backend.rows import TrainingRow
+
+log = get_logger("torch_policy")
+
+
+@dataclass
+class OptimConfig:
+    """`actor_rollout_ref.actor.optim.*` (verl names)."""
+
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    lr_warmup_steps: int = -1  # optimizer steps of linear warm-up; -1: use the ratio
+    lr_warmup_steps_ratio: float = 0.0  # of total_training_steps
+    total_training_steps: int = -1  # filled in by the trainer when known
+
+
+@dataclass
+class ActorConfig:
+    """`actor_rollout_ref.actor.*` (verl names where they mean the same) plus our additions."""
+
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ppo_epochs: int = 1
+    ppo_micro_batch_size_per_gpu: int = 8
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 16384
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    grad_clip: float = 1.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"  # kl (k1) | abs | mse (k2) | low_var_kl (k3)
+    entropy_coeff: float = 0.0
+    # Ours:
+    old_log_prob_source: str = "rollout"  # rollout | recompute
+    tis_imp_ratio_cap: float = -1.0  # > 0: truncated importance sampling vs the rollout's log-probs
+    temperature: float = 1.0  # the rollout temperature (actor_rollout_ref.rollout.temperature)
+    dtype: str = "auto"  # auto: fp32 params, bf16 autocast on CUDA | float32 | bfloat16
+    gradient_checkpointing: bool = False
+
+    def validate(self) -> None:
+        if self.old_log_prob_source not in ("rollout", "recompute"):
+            raise ValueError(
+                f"actor.old_log_prob_source must be 'rollout' or 'recompute', got {self.old_log_prob_source!r}"
+            )
+        if self.kl_loss_type not in ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"):
+            raise ValueError(
+                f"actor.kl_loss_type {self.kl_loss_type!r} is not one of kl, abs, mse, low_var_kl"
+            )
+        if self.temperature <= 0:
+            raise ValueError(
+                f"actor.temperature (the rollout temperature) must be > 0, got {self.temperature}"
+            )
+        if self.ppo_micro_batch_size_per_gpu < 1:
+            raise ValueError("actor.ppo_micro_batch_size_per_gpu must be at least 1")
+        if self.ppo_epochs < 1:
+            raise ValueError("actor.ppo_epochs must be at least 1")
+        if self.dtype not in ("auto", "float32", "bfloat16"):
+            raise ValueError(f"actor.dtype must be auto, float32 or bfloat16, got {self.dtype!r}")
+
+
+@dataclass
+class _Batch:
+    """Rows as tensors: left-padded so that every response ends at the last position."""
+
+    input_ids: torch.Tensor  # [B, L]
+    attention_mask: torch.Tensor  # [B, L]
+    position_ids: torch.Tensor  # [B, L]
+    targets: torch.Tensor  # [B, K] the last K tokens (responses, right-aligned)
+    mask: torch.Tensor  # [B, K] 1.0 on trainable response tokens
+    weight: torch.Tensor  # [B, K] loss_weight · mask
+    advantage: torch.Tensor  # [B, K]
+    rollout_log_probs: torch.Tensor | None  # [B, K]
+    keep: int  # K
+
+
+def per_rollout_loss_weights(rows: Sequence[TrainingRow]) -> None:
+    """Set `loss_weight` so that each rollout of `rows` (one mini-batch) counts once.
+
+    Every trainable token of rollout r gets 1 / (R · T_r), R rollouts, T_r trainable tokens of r
+    over all its rows — the per-rollout mean loss. The trainer core computes the same weights;
+    this helper serves tests and in-process experiments.
+    """
+    tokens: dict[str, int] = defaultdict(int)
+    for row in rows:
+        tokens[row.rollout_id] += sum(row.response_mask)
+    live = [r for r, n in tokens.items() if n > 0]
+    for row in rows:
+        n = tokens[row.rollout_id]
+        row.loss_weight = 1.0 / (len(live) * n) if n > 0 else 0.0
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-token KL estimate between the policy and the reference (verl's `kl_penalty`)."""
+    diff = logp - ref_logp
+    if kind in ("kl", "k1"):
+        return diff
+    if kind == "abs":
+        return diff.abs()
+    if kind in ("mse", "k2"):
+        return 0.5 * diff.square()
+    # k3, "low_var_kl": exp(ref − logp) − (ref − logp) − 1, clamped like verl.
+    neg = (ref_logp - logp).clamp(-20, 20)
+    return (neg.exp() - neg - 1).clamp(-10, 10)
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantage: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    clip_c: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token PPO loss with dual clip, and per-token indicators for metrics."""
+    neg_kl = (logp - old_logp).clamp(-20.0, 20.0)
+    ratio = neg_kl.exp()
+    l1 = -advantage * ratio
+    l2 = -advantage * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    clipped = torch.maximum(l1, l2)
+    l3 = -advantage * clip_c
+    dual = torch.minimum(l3, clipped)
+    loss = torch.where(advantage < 0, dual, clipped)
+    info = {
+        "clipped": (l2 > l1).float(),
+        "clipped_lower": ((clipped > l3) & (advantage < 0)).float(),
+        "approx_kl": -neg_kl,
+        "ratio": ratio,
+    }
+    return loss, info
+
+
+class PolicyUpdater:
+    """Owns the trainable policy (and its AdamW state) and applies GRPO/PPO updates to it."""
+
+    def __init__(
+        self,
+        model: Any,
+        config: ActorConfig | None = None,
+        device: str | torch.device | None = None,
+        ref_model: Any = None,
+    ) -> None:
+        self.config = config or ActorConfig()
+        self.config.validate()
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.model = model.to(self.device, dtype=torch.float32)
+        if self.config.gradient_checkpointing and hasattr(self.model, "gradient_checkpointing_enable"):
+            self.model.gradient_checkpointing_enable()
+        self.autocast_dtype: torch.dtype | None = None
+        if self.config.dtype == "bfloat16" or (self.config.dtype == "auto" and self.device.type == "cuda"):
+            self.autocast_dtype = torch.bfloat16
+        self.ref_model = None
+        if self.config.use_kl_loss:
+            self.ref_model = (ref_model if ref_model is not None else copy.deepcopy(self.model)).to(
+                self.device
+            )
+            self.ref_model.eval().requires_grad_(False)
+        opt = self.config.optim
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=opt.lr,
+            betas=(opt.betas[0], opt.betas[1]),
+            eps=opt.eps,
+            weight_decay=opt.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.steps = 0  # optimizer steps taken
+
+    # --- log-probs ----------------------------------------------------------------------------
+
+    def _lr_factor(self, step: int) -> float:
+        opt = self.config.optim
+        warmup = opt.lr_warmup_steps
+        if warmup < 0 and opt.lr_warmup_steps_ratio > 0 and opt.total_training_steps > 0:
+            warmup = int(opt.lr_warmup_steps_ratio * opt.total_training_steps)
+        if warmup > 0 and step < warmup:
+            return (step + 1) / warmup
+        return 1.0
+
+    def _autocast(self) -> Any:
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def _collate(self, rows: Sequence[TrainingRow]) -> _Batch:
+        for row in rows:
+            if not row.prompt_ids:
+                raise ValueError(f"row of rollout {row.rollout_id!r} has an empty prompt")
+            if len(row.response_mask) != len(row.response_ids):
+                raise ValueError(
+                    f"row of rollout {row.rollout_id!r}: response_mask has {len(row.response_mask)} entries "
+                    f"for {len(row.response_ids)} response tokens"
+                )
+        lengths = [len(r.prompt_ids) + len(r.response_ids) for r in rows]
+        width = max(lengths)
+        keep = max(max(len(r.response_ids) for r in rows), 1)
+        b = len(rows)
+        ids = torch.zeros((b, width), dtype=torch.long)
+        attn = torch.zeros((b, width), dtype=torch.long)
+        mask = torch.zeros((b, keep))
+        adv = torch.zeros((b, keep))
+        weight = torch.zeros((b, keep))
+        have_rollout_lp = all(r.rollout_log_probs is not None for r in rows)
+        rollout_lp = torch.zeros((b, keep)) if have_rollout_lp else None
+        for i, r in enumerate(rows):
+            seq = r.prompt_ids + r.response_ids
+            ids[i, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+            attn[i, width - len(seq) :] = 1
+            n = len(r.response_ids)
+            if n == 0:
+                continue
+            m = torch.tensor(r.response_mask, dtype=torch.float32)
+            mask[i, keep - n :] = m
+            adv[i, keep - n :] = r.advantage * m
+            weight[i, keep - n :] = r.loss_weight * m
+            if rollout_lp is not None:
+                assert r.rollout_log_probs is not None
+                if len(r.rollout_log_probs) != n:
+                    raise ValueError(
+                        f"row of rollout {r.rollout_id!r}: {len(r.rollout_log_probs)} rollout log-probs "
+                        f"for {n} response tokens"
+                    )
+                rollout_lp[i, keep - n :] = torch.tensor(r.rollout_log_probs, dtype=torch.float32)
+        positions = (attn.cumsum(-1) - 1).clamp_min(0)
+        d = self.device
+        return _Batch(
+            input_ids=ids.to(d),
+            attention_mask=attn.to(d),
+            position_ids=positions.to(d),
+            targets=ids[:, width - keep :].to(d),
+            mask=mask.to(d),
+            weight=weight.to(d),
+            advantage=adv.to(d),
+            rollout_log_probs=rollout_lp.to(d) if rollout_lp is not None else None,
+            keep=keep,
+        )
+
+    def _forward_log_probs(
+        self, model: Any, batch: _Batch, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        with self._autocast():
+            logits = hf_compat.logits_for_last(
+                model, batch.input_ids, batch.attention_mask, batch.position_ids, batch.keep + 1
+            )
+        logits = logits[:, :-1].float() / self.config.temperature
+        log_probs = torch.log_softmax(logits, dim=-1)
+        token_lp = log_probs.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+        entropy = None
+        if with_entropy:
+            entropy = -(log_probs.exp() * log_probs).sum(-1)
+        return token_lp, entropy
+
+    def micro_batches(self, rows: Sequence[TrainingRow]) -> Iterator[list[TrainingRow]]:
+        """Rows grouped by length (less padding): by count, or by token budget with dynamic bsz."""
+        ordered = sorted(rows, key=lambda r: len(r.prompt_ids) + len(r.response_ids))
+        cfg = self.config
+        if not cfg.use_dynamic_bsz:
+            step = cfg.ppo_micro_batch_size_per_gpu
+            for i in range(0, len(ordered), step):
+                yield ordered[i : i + step]
+            return
+        current: list[TrainingRow] = []
+        longest = 0
+        for row in ordered:
+            n = len(row.prompt_ids) + len(row.response_ids)
+            if current and max(longest, n) * (len(current) + 1) > cfg.ppo_max_token_len_per_gpu:
+                yield current
+                current, longest = [], 0
+            current.append(row)
+            longest = max(longest, n)
+        if current:
+            yield current
+
+    @torch.no_grad()
+    def compute_log_probs(self, rows: Sequence[TrainingRow], model: Any = None) -> list[list[float]]:
+        """Per row, the response tokens' log-probs under `model` (default: the policy), fp32."""
+        model = model or self.model
+        was_training = model.training
+        model.eval()
+        out: dict[int, list[float]] = {}
+        index = {id(r): i for i, r in enumerate(rows)}
+        try:
+            for mb in self.micro_batches(rows):
+                batch = self._collate(mb)
+                lp, _ = self._forward_log_probs(model, batch)
+                for j, r in enumerate(mb):
+                    n = len(r.response_ids)
+                    out[index[id(r)]] = lp[j, batch.keep - n :].tolist() if n else []
+        finally:
+            model.train(was_training)
+        return [out[i] for i in range(len(rows))]
+
+    # --- update -------------------------------------------------------------------------------
+
+    def update(self, mini_batches: Sequence[Sequence[TrainingRow]]) -> dict[str, float]:
+        """`ppo_epochs` passes over the mini-batches, one optimizer step each; returns metrics."""
+        cfg = self.config
+        t0 = time.perf_counter()
+        all_rows = [r for mb in mini_batches for r in mb]
+        if not all_rows:
+            return {}
+        need_old = cfg.old_log_prob_source == "recompute" or any(
+            r.rollout_log_probs is None for r in all_rows
+        )
+        old: dict[int, torch.Tensor] = {}
+        if need_old:
+            for r, lp in zip(all_rows, self.compute_log_probs(all_rows), strict=True):
+                old[id(r)] = torch.tensor(lp, dtype=torch.float32)
+        sums: dict[str, float] = defaultdict(float)
+        n_steps, grad_norms, tokens = 0, [], 0
+        self.model.train()
+        for _ in range(cfg.ppo_epochs):
+            for mb in mini_batches:
+                if not mb:
+                    continue
+                self.optimizer.zero_grad(set_to_none=True)
+                for k, v in self.backward(mb, old if need_old else None).items():
+                    sums[k] += v
+                tokens += sum(len(r.prompt_ids) + len(r.response_ids) for r in mb)
+                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+                grad_norm = float(norm)
+                if math.isfinite(grad_norm):
+                    self.optimizer.step()
+                else:
+                    log.warning("non_finite_grad_norm_step_skipped", grad_norm=grad_norm)
+                    self.optimizer.zero_grad(set_to_none=True)
+                self.scheduler.step()
+                self.steps += 1
+                n_steps += 1
+                grad_norms.append(grad_norm)
+        elapsed = time.perf_counter() - t0
+        self.model.eval()
+        metrics = {f"actor/{k}": v / max(n_steps, 1) for k, v in sums.items()}
+        metrics["actor/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
+        metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
+        metrics["actor/optimizer_steps"] = float(n_steps)
+        metrics["perf/update_time_s"] = elapsed
+        metrics["perf/update_tokens_per_s"] = tokens / elapsed if elapsed > 0 else 0.0
+        metrics["actor/old_log_prob_recomputed"] = float(need_old)
+        return metrics
+
+    def backward(
+        self, rows: Sequence[TrainingRow], old: dict[int, torch.Tensor] | None = None
+    ) -> dict[str, float]:
+        """Accumulate the gradient of one mini-batch's loss, micro-batch by micro-batch.
+
+        `old` maps `id(row)` to its old log-probs; None uses the rows' rollout log-probs.
+        Returns the mini-batch's loss statistics (weighted sums).
+        """
+        sums: dict[str, float] = defaultdict(float)
+        for micro in self.micro_batches(rows):
+            for k, v in self._micro_step(micro, old).items():
+                sums[k] += v
+        return dict(sums)
+
+    def _micro_step(self, rows: list[TrainingRow], old: dict[int, torch.Tensor] | None) -> dict[str, float]:
+        cfg = self.config
+        batch = self._collate(rows)
+        want_entropy = cfg.entropy_coeff != 0
+        logp, entropy = self._forward_log_probs(self.model, batch, with_entropy=want_entropy)
+        if old is not None:
+            old_lp = torch.zeros_like(logp)
+            for i, r in enumerate(rows):
+                n = len(r.response_ids)
+                if n:
+                    old_lp[i, batch.keep - n :] = old[id(r)].to(logp.device)
+        else:
+            assert batch.rollout_log_probs is not None
+            old_lp = batch.rollout_log_probs
+        pg, info = policy_loss(
+            logp, old_lp, batch.advantage, cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.clip_ratio_c
+        )
+        w = batch.weight
+        if cfg.tis_imp_ratio_cap > 0 and old is not None and batch.rollout_log_probs is not None:
+            is_weight = (
+                (old_lp - batch.rollout_log_probs).clamp(-20, 20).exp().clamp(max=cfg.tis_imp_ratio_cap)
+            )
+            pg = pg * is_weight.detach()
+        token_loss = pg
+        stats: dict[str, float] = {}
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_lp, _ = self._forward_log_probs(self.ref_model, batch)
+            kl = kl_penalty(logp, ref_lp, cfg.kl_loss_type)
+            token_loss = token_loss + cfg.kl_loss_coef * kl
+            stats["kl_loss"] = float((kl.detach() * w).sum())
+        if entropy is not None:
+            token_loss = token_loss - cfg.entropy_coeff * entropy
+            stats["entropy"] = float((entropy.detach() * w).sum())
+        loss = (token_loss * w).sum()
+        loss.backward()
+        with torch.no_grad():
+            stats["pg_loss"] = float((pg.detach() * w).sum())
+            stats["pg_clipfrac"] = float((info["clipped"] * w).sum())
+            stats["pg_clipfrac_lower"] = float((info["clipped_lower"] * w).sum())
+            stats["ppo_kl"] = float((info["approx_kl"] * w).sum())
+        return stats
+
+    # --- checkpoints --------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "steps": self.steps,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.steps = int(state["steps"])
