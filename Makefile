@@ -24,5 +24,9 @@ lint: venv
 test: lint
 	$(BIN)/pytest -q
 
+# The full loop on CPU: Gateway, Controller and trainer as three processes (docs/demo.md).
+demo: venv
+	$(BIN)/agl-demo $(ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

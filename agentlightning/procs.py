@@ -9,6 +9,7 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -31,13 +32,13 @@ class ManagedProcess:
         self,
         name: str,
         argv: Sequence[str],
-        log_path: str | os.PathLike[str],
+        log_path: str | os.PathLike[str] | None,
         env: Mapping[str, str] | None = None,
         cwd: str | os.PathLike[str] | None = None,
     ) -> None:
         self.name = name
         self.argv = list(argv)
-        self.log_path = Path(log_path)
+        self.log_path = Path(log_path) if log_path is not None else None  # None: the caller's stdout/stderr
         self.env = dict(os.environ if env is None else env)
         self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
@@ -48,23 +49,32 @@ class ManagedProcess:
         return self.proc.pid
 
     def start(self) -> ManagedProcess:
+        if self.log_path is None:
+            self.proc = self._popen(None, None)
+            return self
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=self.env,
-                cwd=self.cwd,
-                start_new_session=True,
-            )
+            self.proc = self._popen(log, subprocess.STDOUT)
         return self
+
+    def _popen(self, stdout: Any, stderr: Any) -> subprocess.Popen[bytes]:
+        # A new session: the terminal's Ctrl-C reaches only the parent, which stops us in order.
+        return subprocess.Popen(
+            self.argv,
+            stdout=stdout,
+            stderr=stderr,
+            stdin=subprocess.DEVNULL,
+            env=self.env,
+            cwd=self.cwd,
+            start_new_session=True,
+        )
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def log_tail(self, lines: int = 30) -> str:
+        if self.log_path is None:
+            return ""
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:

@@ -29,7 +29,7 @@ from agentlightning.torch_backend.policy import (
     PolicyUpdater,
     per_rollout_loss_weights,
 )
-from agentlightning.torch_backend.rows import TrainingRow
+from agentlightning.trainer.rows import TrainingRow
 
 warnings.filterwarnings("ignore")
 

@@ -18,10 +18,13 @@ Keys use dots for nesting (store.url=memory://). Defaults:
 {defaults}"""
 
 
-def load_cli_config(config_name: str, argv: Sequence[str], prog: str) -> DictConfig:
+def load_cli_config(config_name: str, argv: Sequence[str], prog: str, strict: bool = True) -> DictConfig:
     """Compose `agentlightning/config/{config_name}.yaml` with a user file and overrides.
 
-    Prints usage and exits on -h/--help; exits 2 with a message on a bad argument.
+    `strict`: a key the packaged file does not have is an error. Without it, new keys are
+    accepted (the training config: one file may carry keys only the verl backend reads; each
+    backend checks its own sections). Prints usage and exits on -h/--help; exits 2 with a
+    message on a bad argument.
     """
     args = list(argv)
     user_file: Path | None = None
@@ -43,6 +46,7 @@ def load_cli_config(config_name: str, argv: Sequence[str], prog: str) -> DictCon
     args = [f"{a}''" if a.endswith("=") else a for a in args]
     try:
         base = _compose(config_name, [])
+        OmegaConf.set_struct(base, strict)
         if user_file is not None:
             base = OmegaConf.merge(base, OmegaConf.load(user_file))
         return OmegaConf.merge(base, OmegaConf.from_dotlist(args))  # type: ignore[return-value]

@@ -18,6 +18,11 @@ import json
 import os
 from typing import Any
 
+# Imported here, not in `run`: the controller's warm process imports this module once and
+# forks every rollout from it, so no rollout pays for importing the openai client.
+import httpx
+from openai import AsyncOpenAI
+
 from agentlightning.demo.task import TOOL_NAME, TOOLS, calculator, reward
 
 MAX_TURNS = 3
@@ -75,9 +80,6 @@ class CalcAgent:
         asyncio.run(self.arun())
 
     async def arun(self) -> float:
-        import httpx
-        from openai import AsyncOpenAI
-
         base_url = os.environ["AGL_OPENAI_BASE_URL"]
         key = os.environ.get("AGL_KEY", "")
         question = os.environ["QUESTION"]

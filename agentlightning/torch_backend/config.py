@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from agentlightning.log import get_logger
 from agentlightning.torch_backend.policy import ActorConfig
+from agentlightning.trainer.config import VERL_KEYS
 
 log = get_logger("torch_config")
 
@@ -81,6 +82,7 @@ def load_torch_backend_config(cfg: DictConfig | dict[str, Any] | None) -> TorchB
     section = OmegaConf.select(root, "actor_rollout_ref", default=None) or OmegaConf.create({})
     known = OmegaConf.structured(TorchBackendConfig)
     picked, ignored = _split_known(OmegaConf.to_container(section, resolve=True), TorchBackendConfig)
+    ignored = [k for k in ignored if f"actor_rollout_ref.{k}" not in VERL_KEYS]  # the core reads these
     if ignored:
         log.info(
             "config_keys_ignored_by_torch_backend", keys=sorted(f"actor_rollout_ref.{k}" for k in ignored)
@@ -126,3 +128,75 @@ def _dataclass_type(f: Any) -> type | None:
         if is_dataclass(value):
             return type(value)
     return None
+
+
+# --- the loop: `trainer.*` and `data.*` -------------------------------------------------------
+
+
+@dataclass
+class TrainerConfig:
+    """`trainer.*` (verl names where they mean the same)."""
+
+    total_epochs: int = 1
+    total_training_steps: int | None = None  # None: total_epochs × (train samples // train_batch_size)
+    test_freq: int = 5  # validate every this many steps (and after the last); <= 0: only before and after
+    save_freq: int = 10  # checkpoint every this many steps (and after the last); <= 0: never
+    val_before_train: bool = True
+    project_name: str = "agentlightning"
+    experiment_name: str = "run"
+    default_local_dir: str = "checkpoints"  # where checkpoints go
+    resume_mode: str = "auto"  # auto (the latest checkpoint, if any) | disable | resume_path
+    resume_from_path: str | None = None  # a global_step_N directory, for resume_mode=resume_path
+    max_actor_ckpt_to_keep: int | None = 2  # None: keep all
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
+    # Ours:
+    output_dir: str = "."  # metrics.jsonl, tensorboard/
+    torch_threads: int = 0  # torch's intra-op threads; 0: torch's default
+    log_level: str = "info"
+
+    def validate(self) -> None:
+        if self.total_epochs < 1:
+            raise ValueError(f"trainer.total_epochs must be >= 1, got {self.total_epochs}")
+        if self.total_training_steps is not None and self.total_training_steps < 1:
+            raise ValueError(f"trainer.total_training_steps must be >= 1, got {self.total_training_steps}")
+        if self.resume_mode not in ("auto", "disable", "resume_path"):
+            raise ValueError(
+                f"trainer.resume_mode must be auto, disable or resume_path, got {self.resume_mode!r}"
+            )
+        if self.resume_mode == "resume_path" and not self.resume_from_path:
+            raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path")
+        if self.torch_threads < 0:
+            raise ValueError(f"trainer.torch_threads must be >= 0, got {self.torch_threads}")
+
+
+@dataclass
+class DataConfig:
+    """`data.*` read by the loop (the batch size and length limits are the trainer core's)."""
+
+    train_files: Any = None  # a .jsonl / .json / .parquet path or a list of them
+    val_files: Any = None
+    shuffle: bool = True
+    seed: int = 0
+
+
+def load_loop_config(cfg: DictConfig | dict[str, Any] | None) -> tuple[TrainerConfig, DataConfig]:
+    """Read `trainer.*` and the loop's `data.*` keys; unknown `trainer.*` keys are ignored (verl has
+    many the torch backend does not use), a wrong type fails naming the key."""
+    root = OmegaConf.create(cfg or {})
+    out: list[Any] = []
+    for name, schema in (("trainer", TrainerConfig), ("data", DataConfig)):
+        section = OmegaConf.select(root, name, default=None)
+        values = OmegaConf.to_container(section, resolve=True) if section is not None else {}
+        picked, ignored = _split_known(values, schema)
+        ignored = [k for k in ignored if f"{name}.{k}" not in VERL_KEYS]  # the core reads these
+        if ignored:
+            log.info("config_keys_ignored_by_torch_backend", keys=sorted(f"{name}.{k}" for k in ignored))
+        try:
+            merged = OmegaConf.merge(OmegaConf.structured(schema), picked)
+        except Exception as exc:
+            key = getattr(exc, "full_key", None) or "?"
+            raise ValueError(f"{name}.{key}: {str(exc).splitlines()[0]}") from None
+        out.append(OmegaConf.to_object(merged))
+    trainer, data = out
+    trainer.validate()
+    return trainer, data

@@ -39,7 +39,7 @@ import torch
 
 from agentlightning.log import get_logger
 from agentlightning.torch_backend import hf_compat
-from agentlightning.torch_backend.rows import TrainingRow
+from agentlightning.trainer.rows import TrainingRow
 
 log = get_logger("torch_policy")
 

@@ -17,7 +17,7 @@ from agentlightning.torch_backend.policy import (
     per_rollout_loss_weights,
     policy_loss,
 )
-from agentlightning.torch_backend.rows import TrainingRow
+from agentlightning.trainer.rows import TrainingRow
 
 from .tiny import fresh_copy
 

@@ -1,0 +1,52 @@
+"""`agl-train`: train with the built-in torch backend from the command line.
+
+    agl-train [--config FILE.yaml] [key=value ...]
+
+Composes `agentlightning/config/train.yaml`, an optional file and dotted overrides, then runs
+`run_ppo`. The Gateway (`agentlightning.agl_base_url`) and a controller must be running.
+SIGTERM and Ctrl-C stop it cleanly: rollouts in flight are failed, the server is shut down.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Sequence
+from types import FrameType
+
+from agentlightning.config.loader import load_cli_config
+from agentlightning.log import configure_logging
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    cfg = load_cli_config("train", sys.argv[1:] if argv is None else argv, prog="agl-train", strict=False)
+    try:
+        configure_logging(str(cfg.trainer.log_level))
+    except ValueError as exc:
+        print(f"agl-train: trainer.{exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    from transformers.utils import logging as hf_logging
+
+    from agentlightning.torch_backend.trainer import TorchTrainer  # torch: after the cheap checks
+    from agentlightning.trainer.config import ConfigError
+
+    hf_logging.disable_progress_bar()  # our own progress bar is the one to read
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        trainer = TorchTrainer(cfg)
+    except (ConfigError, ValueError) as exc:
+        print(f"agl-train: bad config: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    try:
+        trainer.fit()
+    except KeyboardInterrupt:
+        print("agl-train: stopped", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+if __name__ == "__main__":
+    main()

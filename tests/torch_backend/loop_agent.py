@@ -1,0 +1,29 @@
+"""A two-call chat agent for the training-loop tests: it asks, sends a 'tool' result back, asks
+again, and reports a reward that varies with what the (random, untrained) model wrote — so that
+GRPO groups have different rewards and every step really updates the policy."""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+import openai
+
+
+class TwoCallAgent:
+    def run(self) -> None:
+        client = openai.OpenAI(
+            base_url=os.environ["AGL_OPENAI_BASE_URL"], api_key=os.environ["AGL_KEY"], max_retries=10
+        )
+        messages = [{"role": "user", "content": os.environ["QUESTION"]}]
+        first = client.chat.completions.create(model="policy", messages=messages, max_tokens=6)
+        content = first.choices[0].message.content or ""
+        messages += [{"role": "assistant", "content": content}, {"role": "user", "content": "result: 4"}]
+        client.chat.completions.create(model="policy", messages=messages, max_tokens=6)
+        reward = float(len(content) % 2)
+        httpx.post(
+            os.environ["AGL_EVENT_URL"],
+            json={"event_type": "reward", "data": {"value": reward}},
+            headers={"Authorization": f"Bearer {os.environ['AGL_KEY']}"},
+            timeout=30,
+        ).raise_for_status()

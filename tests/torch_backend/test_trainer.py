@@ -1,0 +1,165 @@
+"""The torch backend's training loop against a real Gateway and a real Controller (processes on
+loopback), with the demo's tiny model: steps, validation, publish, metrics, checkpoints, and a
+resume after the trainer is SIGKILLed that continues the step count and the data order."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import DictConfig, OmegaConf
+
+from agentlightning.client import GatewayClient
+from agentlightning.config.loader import load_cli_config
+from agentlightning.demo.task import make_dataset
+from agentlightning.procs import ManagedProcess
+from agentlightning.torch_backend.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from agentlightning.torch_backend.trainer import TorchTrainer, run_ppo
+from agentlightning.trainer.config import ConfigError
+from agentlightning.trainer.data import DataCursor
+from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
+from tests.conftest import RunningGateway
+from tests.controller.helpers import GATEWAY_OVERRIDES, REPO, start_controller
+
+AGENT = "tests.torch_backend.loop_agent:TwoCallAgent"
+BATCH, N = 2, 2
+
+
+@pytest.fixture
+def services(
+    gateway_factory: Callable[..., RunningGateway], tmp_path: Path
+) -> Iterator[tuple[RunningGateway, GatewayClient]]:
+    gateway = gateway_factory(*GATEWAY_OVERRIDES)
+    controller = start_controller(
+        gateway.url, gateway.key, tmp_path / "agents", "local_runner.maximum_size=8", "log_level=warning"
+    )
+    client = GatewayClient(gateway.url, gateway.key)
+    yield gateway, client
+    client.close()
+    controller.stop()
+
+
+def config(tmp_path: Path, gateway: RunningGateway, **trainer: Any) -> DictConfig:
+    cfg = load_cli_config("train", [], prog="test", strict=False)
+    return OmegaConf.merge(
+        cfg,
+        {
+            "data": {"train_batch_size": BATCH, "seed": 5},
+            "actor_rollout_ref": {
+                "actor": {"ppo_mini_batch_size": BATCH, "optim": {"lr": 1e-3}},
+                "rollout": {"n": N, "device": "cpu"},
+            },
+            "trainer": {
+                "output_dir": str(tmp_path / "run"),
+                "logger": ["jsonl"],
+                "torch_threads": 1,
+                **trainer,
+            },
+            "agentlightning": {
+                "agl_base_url": gateway.url,
+                "agl_key": gateway.key,
+                "keep_rollouts": True,
+                "rollout_timeout_seconds": 60,
+                "local": {"agent_class": AGENT, "env_map": {"QUESTION": "input.question"}},
+            },
+        },
+    )  # type: ignore[return-value]
+
+
+def inputs_by_step(client: GatewayClient, run_id: str | None = None) -> dict[int, list[str]]:
+    """Problem ids of each training step's rollouts (one per group, in batch order)."""
+    out: dict[int, dict[int, str]] = {}
+    for rollout in client.list_rollouts(limit=1000):
+        meta = rollout.metadata
+        if rollout.is_train and meta.index_in_group == 0 and run_id in (None, meta.run_id):
+            out.setdefault(meta.batch_idx, {})[meta.sample_idx_in_batch] = rollout.input["id"]
+    return {step: [ids[i] for i in sorted(ids)] for step, ids in out.items()}
+
+
+def expected_ids(train: list[dict[str, Any]], steps: int) -> dict[int, list[str]]:
+    order = [s["id"] for s in DataCursor(train, 1, shuffle=True, seed=5).next(BATCH * steps)]
+    return {s: order[(s - 1) * BATCH : s * BATCH] for s in range(1, steps + 1)}
+
+
+def test_run_ppo_trains_validates_publishes_and_checkpoints(
+    services: tuple[RunningGateway, GatewayClient], tmp_path: Path
+) -> None:
+    gateway, client = services
+    train, val = make_dataset(8, seed=0, prefix="t"), make_dataset(3, seed=1, prefix="v")
+    cfg = config(tmp_path, gateway, total_training_steps=2, test_freq=1, save_freq=1)
+    final = run_ppo(cfg, train, val)
+
+    assert final["val/n_rollouts"] == 3 and final["val/n_rollouts_failed"] == 0
+    records = read_metrics(tmp_path / "run" / METRICS_FILE)
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert all("val/reward" in r for r in records)
+    for r in records[1:]:
+        assert r["training/n_rollouts"] == BATCH * N
+        assert r["training/n_turns"] == 2 * BATCH * N  # two calls per rollout, all recorded
+        assert r["actor/optimizer_steps"] == 1
+    # Each update was published: the Gateway routes to version 2 now, and every call of step 2
+    # was answered by version 1, the policy being trained (sync mode: nothing stale).
+    assert [m.version for m in client.list_models()] == [2]
+    assert records[2]["training/policy_version"] == 1
+    assert records[2]["training/staleness/max"] == 0
+    assert records[2]["training/staleness/unknown_version_tokens"] == 0
+    assert inputs_by_step(client) == expected_ids(train, 2)
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert list_checkpoints(checkpoints) == [1, 2]
+    state = load_checkpoint(latest_checkpoint(checkpoints))  # type: ignore[arg-type]
+    assert (state["step"], state["version"], state["data"]["position"]) == (2, 2, 2 * BATCH)
+    assert state["policy"]["steps"] == 2
+
+
+def test_resume_after_a_crash_continues_step_count_and_data_order(
+    services: tuple[RunningGateway, GatewayClient], tmp_path: Path
+) -> None:
+    gateway, client = services
+    train = make_dataset(12, seed=0, prefix="t")
+    cfg = config(tmp_path, gateway, total_training_steps=4, save_freq=1, test_freq=0, val_before_train=False)
+    cfg.data.train_files = str(tmp_path / "train.jsonl")
+    Path(cfg.data.train_files).write_text("".join(json.dumps(s) + "\n" for s in train))
+    path = tmp_path / "train.yaml"
+    OmegaConf.save(cfg, path)
+    argv = [sys.executable, "-m", "agentlightning.torch_backend.cli", "--config", str(path)]
+    checkpoints = tmp_path / "run" / "checkpoints"
+
+    first = ManagedProcess("trainer", argv, tmp_path / "trainer-1.log", cwd=REPO).start()
+    deadline = time.monotonic() + 120
+    while not list_checkpoints(checkpoints) or max(list_checkpoints(checkpoints)) < 2:
+        assert first.alive(), first.log_tail()
+        assert time.monotonic() < deadline, "no checkpoint of step 2 in time"
+        time.sleep(0.05)
+    first.kill()  # SIGKILL: no clean-up of any kind
+
+    second = ManagedProcess("trainer", argv, tmp_path / "trainer-2.log", cwd=REPO).start()
+    assert second.proc is not None
+    assert second.proc.wait(180) == 0, second.log_tail()
+    assert "resumed" in second.log_path.read_text()  # type: ignore[union-attr]
+
+    records = read_metrics(tmp_path / "run" / METRICS_FILE)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    state = load_checkpoint(latest_checkpoint(checkpoints))  # type: ignore[arg-type]
+    assert (state["step"], state["data"]["position"], state["policy"]["steps"]) == (4, 4 * BATCH, 4)
+    # The resumed run's steps 3 and 4 used the samples an uninterrupted run would have used.
+    runs = {r.metadata.run_id for r in client.list_rollouts(limit=1000) if r.metadata.batch_idx == 4}
+    assert len(runs) == 1
+    expected = expected_ids(train, 4)
+    assert inputs_by_step(client, runs.pop()) == {3: expected[3], 4: expected[4]}
+
+
+def test_bad_settings_fail_before_anything_starts(tmp_path: Path) -> None:
+    gateway = RunningGateway("http://127.0.0.1:9", "k", None, tmp_path / "x.db")  # type: ignore[arg-type]
+    cfg = config(tmp_path, gateway)
+    with pytest.raises(ConfigError, match="no training data"):
+        TorchTrainer(cfg, None, None)
+    with pytest.raises(ConfigError, match=r"data.train_batch_size \(2\) is larger than the training data"):
+        TorchTrainer(cfg, [{"id": "a"}], None)
+    cfg.trainer.resume_mode = "sometimes"
+    with pytest.raises(ValueError, match=r"trainer.resume_mode must be auto, disable or resume_path"):
+        TorchTrainer(cfg, make_dataset(4, seed=0), None)

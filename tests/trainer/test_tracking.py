@@ -1,0 +1,57 @@
+"""Metrics sinks: the JSONL file (rewritten after a resume), TensorBoard, the console."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from agentlightning.trainer.config import ConfigError
+from agentlightning.trainer.tracking import METRICS_FILE, Tracker, read_metrics
+
+
+def test_jsonl_records_every_step_and_skips_non_finite(tmp_path: Path) -> None:
+    tracker = Tracker(["jsonl"], tmp_path, total_steps=2, stream=io.StringIO())
+    tracker.log({"val/reward": 0.25}, 0)
+    tracker.log({"training/reward": 0.5, "actor/grad_norm": float("nan")}, 1)
+    tracker.close()
+    records = read_metrics(tmp_path / METRICS_FILE)
+    assert [(r["step"], r.get("val/reward"), r.get("training/reward")) for r in records] == [
+        (0, 0.25, None),
+        (1, None, 0.5),
+    ]
+    assert "actor/grad_norm" not in records[1]
+
+
+def test_resume_drops_the_steps_after_the_checkpoint_and_a_torn_line(tmp_path: Path) -> None:
+    tracker = Tracker(["jsonl"], tmp_path, total_steps=5, stream=io.StringIO())
+    for step in range(4):
+        tracker.log({"training/reward": step / 10}, step)
+    tracker.close()
+    with open(tmp_path / METRICS_FILE, "a") as f:
+        f.write('{"step": 4, "training/rew')  # a crash in the middle of a write
+    assert [r["step"] for r in read_metrics(tmp_path / METRICS_FILE)] == [0, 1, 2, 3]
+    resumed = Tracker(["jsonl"], tmp_path, total_steps=5, first_step=2, stream=io.StringIO())
+    resumed.log({"training/reward": 0.9}, 3)
+    resumed.close()
+    records = read_metrics(tmp_path / METRICS_FILE)
+    assert [(r["step"], r["training/reward"]) for r in records] == [(0, 0.0), (1, 0.1), (2, 0.2), (3, 0.9)]
+
+
+def test_console_prints_validations_and_tensorboard_writes_events(tmp_path: Path) -> None:
+    out = io.StringIO()
+    tracker = Tracker(["console", "tensorboard"], tmp_path, total_steps=3, stream=out)
+    tracker.log({"val/reward": 0.125}, 0)
+    tracker.log({"training/reward": 0.5, "timing/step_s": 2.0}, 1)
+    tracker.close()
+    text = out.getvalue()
+    assert "step 0: validation reward 0.125" in text
+    assert "reward=0.500" in text and "val=0.125" in text
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert not (tmp_path / METRICS_FILE).exists()
+
+
+def test_unknown_logger_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"trainer\.logger: unknown logger 'mlflow'"):
+        Tracker(["console", "mlflow"], tmp_path, total_steps=1)
