@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from types import FrameType
 
+from agentlightning.client import GatewayUnavailable, Unauthorized
 from agentlightning.config.loader import load_cli_config
 from agentlightning.log import configure_logging
 
@@ -46,6 +47,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     except KeyboardInterrupt:
         print("agl-train: stopped", file=sys.stderr)
         raise SystemExit(130) from None
+    except ConfigError as exc:
+        print(f"agl-train: bad config: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except (GatewayUnavailable, Unauthorized) as exc:
+        url = cfg.agentlightning.agl_base_url
+        print(f"agl-train: the Gateway at {url} (agentlightning.agl_base_url): {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

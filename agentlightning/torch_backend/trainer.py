@@ -126,7 +126,12 @@ class TorchTrainer:
         state = load_checkpoint(resume) if resume is not None else None
         torch.manual_seed(self.core.agl.seed)
         random.seed(self.core.agl.seed)
-        policy, tokenizer = load_model(self.backend.model.path, device, torch.float32, self.core.agl.seed)
+        try:
+            policy, tokenizer = load_model(self.backend.model.path, device, torch.float32, self.core.agl.seed)
+        except OSError as exc:
+            raise ConfigError(
+                f"actor_rollout_ref.model.path: cannot load {self.backend.model.path!r}: {exc}"
+            ) from None
         self._set_lr_horizon()
         updater = PolicyUpdater(policy, self.backend.actor, device=device)
         if state is not None:
@@ -192,6 +197,9 @@ class TorchTrainer:
     ) -> None:
         collector = make_collector(manager)
         loop = self.loop
+        if self.step >= self.total_steps:
+            log.info("nothing_to_train", step=self.step, total_steps=self.total_steps)
+            return
         if self.step == 0 and loop.val_before_train:
             self._validate(manager, tracker)
         last_validated = self.step

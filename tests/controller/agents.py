@@ -79,15 +79,20 @@ class SleepAgent:
         time.sleep(1000)
 
 
+def _record_pid_and_wait_for_go() -> None:
+    """Write our pid to $PID_FILE, then wait (at most a minute) until $GO_FILE exists."""
+    Path(os.environ["PID_FILE"]).write_text(str(os.getpid()))
+    go = Path(os.environ["GO_FILE"])
+    deadline = time.time() + 60
+    while not go.exists() and time.time() < deadline:
+        time.sleep(0.05)
+
+
 class WaitForFileAgent:
     """Records its pid in $PID_FILE, waits until $GO_FILE exists, then posts a reward."""
 
     def run(self) -> None:
-        Path(os.environ["PID_FILE"]).write_text(str(os.getpid()))
-        go = Path(os.environ["GO_FILE"])
-        deadline = time.time() + 60
-        while not go.exists() and time.time() < deadline:
-            time.sleep(0.05)
+        _record_pid_and_wait_for_go()
         reward(1.0, **_info())
 
 
@@ -116,8 +121,4 @@ class WaitThenExitAgent:
     """Records its pid in $PID_FILE, waits for $GO_FILE, exits 0 without talking to the Gateway."""
 
     def run(self) -> None:
-        Path(os.environ["PID_FILE"]).write_text(str(os.getpid()))
-        go = Path(os.environ["GO_FILE"])
-        deadline = time.time() + 60
-        while not go.exists() and time.time() < deadline:
-            time.sleep(0.05)
+        _record_pid_and_wait_for_go()

@@ -5,6 +5,7 @@ resume after the trainer is SIGKILLed that continues the step count and the data
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -163,3 +164,47 @@ def test_bad_settings_fail_before_anything_starts(tmp_path: Path) -> None:
     cfg.trainer.resume_mode = "sometimes"
     with pytest.raises(ValueError, match=r"trainer.resume_mode must be auto, disable or resume_path"):
         TorchTrainer(cfg, make_dataset(4, seed=0), None)
+
+
+def test_async_mode_publishes_while_agents_call_and_no_call_fails(
+    services: tuple[RunningGateway, GatewayClient], tmp_path: Path
+) -> None:
+    gateway, client = services
+    train = make_dataset(12, seed=0, prefix="t")
+    cfg = config(tmp_path, gateway, total_training_steps=3, test_freq=0, save_freq=0, val_before_train=False)
+    cfg.agentlightning.async_rollout = {"enabled": True, "async_train_batch_size": 2 * BATCH}
+    run_ppo(cfg, train, None)
+
+    records = read_metrics(tmp_path / "run" / METRICS_FILE)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for r in records:
+        assert r["training/n_rollouts"] == BATCH * N
+        assert r["training/n_rollouts_failed"] == 0  # the Gateway answered 429 during publishes;
+        assert r["training/n_calls_error"] == 0  # agents retried, and every call was recorded
+        assert r["training/async/proxy_drain_timed_out"] == 0
+    # Groups carried over a weight update hold tokens of an older policy: measured, not hidden.
+    assert sum(r["training/async/n_prev_carry_over_groups"] for r in records) > 0
+    assert [m.version for m in client.list_models()] == [3]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["data.train_files=/nonexistent/train.jsonl"],
+            "data.train_files: /nonexistent/train.jsonl is not a file",
+        ),
+        (["agentlightning.rollout_timout_seconds=5"], "agentlightning.rollout_timout_seconds"),
+        (["trainer.log_level=loud"], "trainer.log_level must be one of"),
+    ],
+)
+def test_agl_train_exits_2_naming_the_bad_key(args: list[str], message: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "agentlightning.torch_backend.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr

@@ -10,7 +10,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 from agentlightning.client import GatewayClient
 from agentlightning.schemas import Rollout, RolloutState
@@ -72,59 +72,16 @@ def finish(
 Plan = Callable[[Rollout], tuple[list[dict[str, Any]], float | None, RolloutState] | None]
 
 
-class Driver:
-    """A thread that finishes queued rollouts as a plan says (None: leave it alone)."""
-
-    def __init__(self, url: str, key: str, plan: Plan) -> None:
-        self.client = GatewayClient(url, key)
-        self.plan = plan
-        self.finished: list[str] = []
-        self._seen: set[str] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self.errors: list[BaseException] = []
-
-    def __enter__(self) -> Driver:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        self.client.close()
-        if self.errors:
-            raise self.errors[0]
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                polled = self.client.long_poll_rollouts([RolloutState.QUEUING], wait_seconds=0.5)
-                for rollout in polled.value:
-                    if rollout.rollout_id in self._seen:
-                        continue
-                    self._seen.add(rollout.rollout_id)
-                    action = self.plan(rollout)
-                    if action is not None:
-                        calls, reward, state = action
-                        finish(self.client, rollout.rollout_id, calls, reward, state)
-                        self.finished.append(rollout.rollout_id)
-        except BaseException as exc:  # reported on exit
-            self.errors.append(exc)
-
-
-class OrderedDriver:
-    """Finishes rollouts in exactly the order of its queue of (predicate, action) commands."""
+class _DriverThread:
+    """A background thread with its own Gateway client; the first error it met is raised on exit."""
 
     def __init__(self, url: str, key: str) -> None:
         self.client = GatewayClient(url, key)
-        self.commands: queue.Queue[
-            tuple[Callable[[Rollout], bool], Callable[[GatewayClient, Rollout], None]]
-        ] = queue.Queue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.errors: list[BaseException] = []
 
-    def __enter__(self) -> OrderedDriver:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -137,19 +94,58 @@ class OrderedDriver:
 
     def _run(self) -> None:
         try:
-            while not self._stop.is_set():
-                try:
-                    match, act = self.commands.get(timeout=0.1)
-                except queue.Empty:
-                    continue
-                deadline = time.monotonic() + 30
-                while not self._stop.is_set():
-                    candidates = [r for r in self.client.list_rollouts([RolloutState.QUEUING]) if match(r)]
-                    if candidates:
-                        act(self.client, candidates[0])
-                        break
-                    if time.monotonic() > deadline:
-                        raise TimeoutError("no queued rollout matched a driver command")
-                    time.sleep(0.02)
-        except BaseException as exc:
+            self._loop()
+        except BaseException as exc:  # reported on exit
             self.errors.append(exc)
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+
+class Driver(_DriverThread):
+    """A thread that finishes queued rollouts as a plan says (None: leave it alone)."""
+
+    def __init__(self, url: str, key: str, plan: Plan) -> None:
+        super().__init__(url, key)
+        self.plan = plan
+        self.finished: list[str] = []
+        self._seen: set[str] = set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            polled = self.client.long_poll_rollouts([RolloutState.QUEUING], wait_seconds=0.5)
+            for rollout in polled.value:
+                if rollout.rollout_id in self._seen:
+                    continue
+                self._seen.add(rollout.rollout_id)
+                action = self.plan(rollout)
+                if action is not None:
+                    calls, reward, state = action
+                    finish(self.client, rollout.rollout_id, calls, reward, state)
+                    self.finished.append(rollout.rollout_id)
+
+
+class OrderedDriver(_DriverThread):
+    """Finishes rollouts in exactly the order of its queue of (predicate, action) commands."""
+
+    def __init__(self, url: str, key: str) -> None:
+        super().__init__(url, key)
+        self.commands: queue.Queue[
+            tuple[Callable[[Rollout], bool], Callable[[GatewayClient, Rollout], None]]
+        ] = queue.Queue()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                match, act = self.commands.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            deadline = time.monotonic() + 30
+            while not self._stop.is_set():
+                candidates = [r for r in self.client.list_rollouts([RolloutState.QUEUING]) if match(r)]
+                if candidates:
+                    act(self.client, candidates[0])
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError("no queued rollout matched a driver command")
+                time.sleep(0.02)
