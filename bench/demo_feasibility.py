@@ -38,22 +38,14 @@ from agentlightning.demo.task import ACTIONS, make_dataset, reward
 from agentlightning.demo.warmup import WarmupConfig, warmup
 from agentlightning.torch_backend.engine import TorchEngine
 from agentlightning.torch_backend.inference_server import create_app
-from agentlightning.torch_backend.policy import (
-    ActorConfig,
-    OptimConfig,
-    PolicyUpdater,
-    per_rollout_loss_weights,
-)
+from agentlightning.torch_backend.policy import ActorConfig, OptimConfig, PolicyUpdater
+from agentlightning.trainer.advantage import assign_advantages, rollout_advantages
+from agentlightning.trainer.aggregation import AggregationStats, Call, RowLimits, aggregate_calls
+from agentlightning.trainer.config import AggregationLevel
 from agentlightning.trainer.rows import TrainingRow
+from agentlightning.trainer.shaping import split_minibatches
 
 warnings.filterwarnings("ignore")
-
-
-@dataclass
-class Call:
-    prompt_ids: list[int]
-    response_ids: list[int]
-    log_probs: list[float] | None
 
 
 @dataclass
@@ -76,43 +68,9 @@ class Recorder(httpx.AsyncBaseTransport):
             choice = data["choices"][0]
             lps = [c["logprob"] for c in (choice.get("logprobs") or {}).get("content") or []]
             self.calls[rollout].append(
-                Call(data["prompt_token_ids"], choice["token_ids"], lps if lps else None)
+                Call(data["prompt_token_ids"], choice["token_ids"], lps if lps else None, 0)
             )
         return httpx.Response(response.status_code, headers=response.headers, content=raw)
-
-
-def aggregate(
-    rollout_id: str, group_id: str, calls: list[Call], value: float
-) -> tuple[list[TrainingRow], int]:
-    """Trajectory aggregation (exact prefix merge); returns rows and the number of breaks."""
-    rows: list[TrainingRow] = []
-    breaks = 0
-    row: TrainingRow | None = None
-    for c in calls:
-        seen = (row.prompt_ids + row.response_ids) if row is not None else None
-        if row is not None and seen is not None and c.prompt_ids[: len(seen)] == seen:
-            ctx = c.prompt_ids[len(seen) :]
-            row.response_ids += ctx + c.response_ids
-            row.response_mask += [0] * len(ctx) + [1] * len(c.response_ids)
-            if row.rollout_log_probs is not None and c.log_probs is not None:
-                row.rollout_log_probs += [0.0] * len(ctx) + c.log_probs
-            else:
-                row.rollout_log_probs = None
-            continue
-        if row is not None:
-            breaks += 1
-        row = TrainingRow(
-            rollout_id=rollout_id,
-            group_id=group_id,
-            prompt_ids=list(c.prompt_ids),
-            response_ids=list(c.response_ids),
-            response_mask=[1] * len(c.response_ids),
-            rollout_log_probs=list(c.log_probs) if c.log_probs is not None else None,
-            model_versions=[0] * len(c.response_ids),
-            reward=value,
-        )
-        rows.append(row)
-    return rows, breaks
 
 
 def diagnose(problem: dict[str, Any], calls: list[Call], tokenizer: Any) -> str:
@@ -161,20 +119,6 @@ class Harness:
         await asyncio.gather(*(one(p, k) for p in problems for k in range(n)))
         await client.close()
         return results, recorder.calls
-
-
-def grpo_advantages(rewards: dict[str, tuple[str, float]]) -> dict[str, float]:
-    groups: dict[str, list[str]] = defaultdict(list)
-    for rid, (gid, _) in rewards.items():
-        groups[gid].append(rid)
-    adv: dict[str, float] = {}
-    for members in groups.values():
-        values = [rewards[r][1] for r in members]
-        mean = statistics.fmean(values)
-        std = statistics.stdev(values) if len(values) > 1 else 0.0
-        for r in members:
-            adv[r] = (rewards[r][1] - mean) / (std + 1e-6) if len(values) > 1 else 0.0
-    return adv
 
 
 def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
@@ -240,24 +184,20 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
         ]
         res, calls = asyncio.run(harness.run(problems, args.n, 1.0, f"s{step}"))
         t_collect = time.perf_counter() - t0
-        adv = grpo_advantages(res)
+        adv = rollout_advantages((rid, gid, value) for rid, (gid, value) in res.items())
+        stats = AggregationStats()
         rows: list[TrainingRow] = []
         for rid, (gid, value) in res.items():
-            r_rows, b = aggregate(rid, gid, calls[rid], value)
-            breaks_total += b
-            merges += max(0, len(calls[rid]) - 1 - b)
-            for r in r_rows:
-                r.advantage = adv[rid]
-            rows += r_rows
-        # Mini-batches of whole groups.
-        by_group: dict[str, list[TrainingRow]] = defaultdict(list)
-        for r in rows:
-            by_group[r.group_id].append(r)
-        groups = list(by_group.values())
-        k = max(1, len(groups) // args.mini_batches)
-        minis = [[r for g in groups[i : i + k] for r in g] for i in range(0, len(groups), k)]
-        for mb in minis:
-            per_rollout_loss_weights(mb)
+            rows += aggregate_calls(
+                calls[rid], rid, gid, value, AggregationLevel.TRAJECTORY, RowLimits(), stats
+            )
+        assign_advantages(rows, adv)
+        breaks_total += stats.n_merge_mismatch
+        n_calls = sum(len(calls[rid]) for rid in res)
+        merges += n_calls - (len(res) - stats.n_rollouts_no_calls) - stats.n_merge_mismatch
+        # Mini-batches of whole groups, each rollout weighing once (the core's split).
+        n_groups = len(set(gid for gid, _ in res.values()))
+        minis = split_minibatches(rows, max(1, n_groups // args.mini_batches), shuffle=False)
         t1 = time.perf_counter()
         metrics = updater.update(minis)
         engine.publish(updater.model)

@@ -27,9 +27,9 @@ from agentlightning.torch_backend.policy import (
     ActorConfig,
     OptimConfig,
     PolicyUpdater,
-    per_rollout_loss_weights,
 )
 from agentlightning.trainer.rows import TrainingRow
+from agentlightning.trainer.shaping import set_loss_weights
 
 warnings.filterwarnings("ignore")
 
@@ -164,7 +164,7 @@ def main() -> None:
         )
         for i, r in enumerate(results)
     ]
-    per_rollout_loss_weights(rows)
+    set_loss_weights(rows)
     updater.update([rows[: args.micro]])  # warm-up
     sync(device)
     t0 = time.perf_counter()

@@ -78,22 +78,28 @@ class TorchBackendConfig:
 
 def load_torch_backend_config(cfg: DictConfig | dict[str, Any] | None) -> TorchBackendConfig:
     """Read `actor_rollout_ref.{model,actor,rollout}` from a full training config."""
-    root = OmegaConf.create(cfg or {})
-    section = OmegaConf.select(root, "actor_rollout_ref", default=None) or OmegaConf.create({})
-    known = OmegaConf.structured(TorchBackendConfig)
-    picked, ignored = _split_known(OmegaConf.to_container(section, resolve=True), TorchBackendConfig)
-    ignored = [k for k in ignored if f"actor_rollout_ref.{k}" not in VERL_KEYS]  # the core reads these
-    if ignored:
-        log.info(
-            "config_keys_ignored_by_torch_backend", keys=sorted(f"actor_rollout_ref.{k}" for k in ignored)
-        )
-    try:
-        merged = OmegaConf.merge(known, picked)
-    except Exception as exc:
-        raise ValueError(f"bad actor_rollout_ref config: {exc}") from None
-    config: TorchBackendConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    config: TorchBackendConfig = _load_section(
+        OmegaConf.create(cfg or {}), "actor_rollout_ref", TorchBackendConfig
+    )
     config.validate()
     return config
+
+
+def _load_section(root: DictConfig, name: str, schema: type) -> Any:
+    """The `schema` dataclass filled from section `name` of the config. Keys the schema does not
+    declare (verl's own) are logged once and ignored; a wrong type fails naming the key."""
+    section = OmegaConf.select(root, name, default=None)
+    values = OmegaConf.to_container(section, resolve=True) if section is not None else {}
+    picked, ignored = _split_known(values, schema)
+    ignored = [k for k in ignored if f"{name}.{k}" not in VERL_KEYS]  # the trainer core reads these
+    if ignored:
+        log.info("config_keys_ignored_by_torch_backend", keys=sorted(f"{name}.{k}" for k in ignored))
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), picked)
+    except Exception as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        raise ValueError(f"{name}.{key}: {str(exc).splitlines()[0]}") from None
+    return OmegaConf.to_object(merged)
 
 
 def _split_known(values: Any, schema: type, prefix: str = "") -> tuple[dict[str, Any], list[str]]:
@@ -180,23 +186,10 @@ class DataConfig:
 
 
 def load_loop_config(cfg: DictConfig | dict[str, Any] | None) -> tuple[TrainerConfig, DataConfig]:
-    """Read `trainer.*` and the loop's `data.*` keys; unknown `trainer.*` keys are ignored (verl has
-    many the torch backend does not use), a wrong type fails naming the key."""
+    """Read `trainer.*` and the loop's `data.*` keys; unknown ones are ignored (verl has many the
+    torch backend does not use), a wrong type fails naming the key."""
     root = OmegaConf.create(cfg or {})
-    out: list[Any] = []
-    for name, schema in (("trainer", TrainerConfig), ("data", DataConfig)):
-        section = OmegaConf.select(root, name, default=None)
-        values = OmegaConf.to_container(section, resolve=True) if section is not None else {}
-        picked, ignored = _split_known(values, schema)
-        ignored = [k for k in ignored if f"{name}.{k}" not in VERL_KEYS]  # the core reads these
-        if ignored:
-            log.info("config_keys_ignored_by_torch_backend", keys=sorted(f"{name}.{k}" for k in ignored))
-        try:
-            merged = OmegaConf.merge(OmegaConf.structured(schema), picked)
-        except Exception as exc:
-            key = getattr(exc, "full_key", None) or "?"
-            raise ValueError(f"{name}.{key}: {str(exc).splitlines()[0]}") from None
-        out.append(OmegaConf.to_object(merged))
-    trainer, data = out
+    trainer: TrainerConfig = _load_section(root, "trainer", TrainerConfig)
+    data: DataConfig = _load_section(root, "data", DataConfig)
     trainer.validate()
     return trainer, data

@@ -117,22 +117,6 @@ class _Batch:
     keep: int  # K
 
 
-def per_rollout_loss_weights(rows: Sequence[TrainingRow]) -> None:
-    """Set `loss_weight` so that each rollout of `rows` (one mini-batch) counts once.
-
-    Every trainable token of rollout r gets 1 / (R · T_r), R rollouts, T_r trainable tokens of r
-    over all its rows — the per-rollout mean loss. The trainer core computes the same weights;
-    this helper serves tests and in-process experiments.
-    """
-    tokens: dict[str, int] = defaultdict(int)
-    for row in rows:
-        tokens[row.rollout_id] += sum(row.response_mask)
-    live = [r for r, n in tokens.items() if n > 0]
-    for row in rows:
-        n = tokens[row.rollout_id]
-        row.loss_weight = 1.0 / (len(live) * n) if n > 0 else 0.0
-
-
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:
     """Per-token KL estimate between the policy and the reference (verl's `kl_penalty`)."""
     diff = logp - ref_logp

@@ -14,10 +14,10 @@ from agentlightning.torch_backend.policy import (
     OptimConfig,
     PolicyUpdater,
     kl_penalty,
-    per_rollout_loss_weights,
     policy_loss,
 )
 from agentlightning.trainer.rows import TrainingRow
+from agentlightning.trainer.shaping import set_loss_weights
 
 from .tiny import fresh_copy
 
@@ -81,7 +81,7 @@ def test_grpo_step_moves_positive_tokens_up_and_negative_down(tiny_model: Any, t
     )
     rows = toy_rows()
     with_rollout_log_probs(updater, rows)
-    per_rollout_loss_weights(rows)
+    set_loss_weights(rows)
     before = updater.compute_log_probs(rows)
     metrics = updater.update([rows])
     after = updater.compute_log_probs(rows)
@@ -102,7 +102,7 @@ def test_context_tokens_do_not_contribute(tiny_model: Any, tokenizer: Any) -> No
     for ctx_adv in (0.0, 5.0):
         updater = PolicyUpdater(fresh_copy(tiny_model, tokenizer), ActorConfig())
         with_rollout_log_probs(updater, rows)
-        per_rollout_loss_weights(rows)
+        set_loss_weights(rows)
         assert rows[0].loss_weight == pytest.approx(1 / 3)
         rows[0].rollout_log_probs[2] += ctx_adv  # type: ignore[index]  # garbage where masked
         updater.backward(rows)
@@ -118,7 +118,7 @@ def test_per_rollout_weights_sum_to_one_per_rollout_whatever_the_rows() -> None:
         make_row("y", [1], [1] * 4, -1.0),
         make_row("z", [1], [1, 1], 0.5, mask=[0, 0]),  # nothing trainable: no weight
     ]
-    per_rollout_loss_weights(rows)
+    set_loss_weights(rows)
     total: dict[str, float] = {}
     for r in rows:
         total[r.rollout_id] = total.get(r.rollout_id, 0.0) + r.loss_weight * sum(r.response_mask)
@@ -144,7 +144,7 @@ def test_a_rollout_weighs_the_same_as_one_row_or_split_in_two(tiny_model: Any, t
             fresh_copy(tiny_model, tokenizer), ActorConfig(ppo_micro_batch_size_per_gpu=1)
         )
         with_rollout_log_probs(updater, rows)
-        per_rollout_loss_weights(rows)
+        set_loss_weights(rows)
         assert sum(
             r.loss_weight * sum(r.response_mask) for r in rows if r.rollout_id == "a"
         ) == pytest.approx(0.5)
@@ -171,7 +171,7 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(
         updater = PolicyUpdater(fresh_copy(tiny_model, tokenizer), cfg)
         rows = toy_rows(seed=3)
         with_rollout_log_probs(updater, rows)
-        per_rollout_loss_weights(rows)
+        set_loss_weights(rows)
         n_micro = len(list(updater.micro_batches(rows)))
         assert n_micro == (len(rows) if micro == 1 and not dynamic else 1 if micro == 16 else n_micro)
         if dynamic and micro == 1:
@@ -211,7 +211,7 @@ def test_kl_to_reference_and_recomputed_old_log_probs(tiny_model: Any, tokenizer
     cfg = ActorConfig(optim=OptimConfig(lr=1e-2), use_kl_loss=True, kl_loss_coef=0.1, ppo_epochs=2)
     updater = PolicyUpdater(fresh_copy(tiny_model, tokenizer), cfg)
     rows = toy_rows()  # no rollout log-probs: the old ones are recomputed
-    per_rollout_loss_weights(rows)
+    set_loss_weights(rows)
     first = updater.update([rows])
     assert first["actor/old_log_prob_recomputed"] == 1.0
     assert first["actor/optimizer_steps"] == 2.0
@@ -224,7 +224,7 @@ def test_checkpoint_state_round_trips(tiny_model: Any, tokenizer: Any) -> None:
     a = PolicyUpdater(fresh_copy(tiny_model, tokenizer), cfg)
     rows = toy_rows()
     with_rollout_log_probs(a, rows)
-    per_rollout_loss_weights(rows)
+    set_loss_weights(rows)
     a.update([rows])
     b = PolicyUpdater(fresh_copy(tiny_model, tokenizer, seed=9), cfg)
     buffer = io.BytesIO()  # through bytes, as a checkpoint on disk would be
