@@ -178,10 +178,12 @@ class TorchTrainer:
             finished = True
         finally:
             if manager is not None:
-                if not finished:
-                    abandoned = manager.abandon()
-                    if abandoned:
-                        log.warning("rollouts_abandoned", n=abandoned, reason="the trainer stopped")
+                # Rollouts still in flight: after a crash or Ctrl-C, and in async mode the groups
+                # carried past the last step. Fail them before their inference server goes away.
+                abandoned = manager.abandon()
+                if abandoned:
+                    reason = "in flight after the last step" if finished else "the trainer stopped"
+                    log.warning("rollouts_abandoned", n=abandoned, reason=reason)
                 manager.close()
             if tracker is not None:
                 tracker.close()
