@@ -1,0 +1,128 @@
+"""The torch backend's rollouts served by real vLLM: N vLLM servers and weight publishing.
+
+`start()` saves the policy (Hugging Face layout, with its tokenizer) to `{workdir}/weights/base`
+and starts the servers on it; `publish(model, version)` — called by the trainer core while
+the Gateway is paused and drained — writes the new weights as safetensors to
+`{workdir}/weights/v{version}`, has every server reload them and reset its prefix cache, and
+deletes the previous version's folder. The Gateway then registers the same endpoints with the
+new version and resumes.
+
+Memory on one GPU: vLLM takes `gpu_memory_utilization` of the device (weights + KV cache) and
+the policy update uses the rest; vLLM's sleep mode (which would free its share during the
+update) does nothing on CPU and is not used, so size `gpu_memory_utilization` to leave room
+for the policy, its gradients and optimizer state.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentlightning.log import get_logger
+from agentlightning.torch_backend.vllm_server import VLLMServerConfig, VLLMServers, save_weights
+
+log = get_logger("vllm_engine")
+
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+class VLLMEngineError(RuntimeError):
+    pass
+
+
+def check_servable(model: Any) -> None:
+    """vLLM-specific limits of a model, named before minutes are spent starting servers."""
+    config = model.config
+    if getattr(config, "tie_word_embeddings", False):
+        raise VLLMEngineError(
+            "the vLLM engine needs an untied output head (tie_word_embeddings=False): a weight "
+            "reload into vLLM leaves a tied head stale. Untie it (copy the embeddings into lm_head "
+            "and save with tie_word_embeddings=False) or use actor_rollout_ref.rollout.engine=torch"
+        )
+    heads = getattr(config, "num_attention_heads", None)
+    head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else None)
+    if head_dim is not None and head_dim < 32:
+        raise VLLMEngineError(
+            f"vLLM's CPU attention needs a head size of at least 32, this model has {head_dim} "
+            "(hidden_size / num_attention_heads); use actor_rollout_ref.rollout.engine=torch"
+        )
+
+
+class VLLMEngine:
+    """Real vLLM servers serving the policy, kept up to date by `publish`."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        served_model_name: str,
+        config: VLLMServerConfig,
+        workdir: str | Path,
+        num_servers: int = 1,
+        version: int = 0,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.served_model_name = served_model_name
+        self.config = config
+        self.workdir = Path(workdir)
+        self.num_servers = num_servers
+        self.version = version
+        self.dtype = {v: k for k, v in DTYPE_NAMES.items()}.get(config.dtype)
+        self.servers: VLLMServers | None = None
+        self._current: Path | None = None
+
+    @property
+    def weights_dir(self) -> Path:
+        return self.workdir / "weights"
+
+    @property
+    def endpoints(self) -> list[str]:
+        return self.servers.endpoints if self.servers is not None else []
+
+    def start(self, model: Any) -> list[str]:
+        """Save `model` and start the servers on it; returns their OpenAI endpoints."""
+        check_servable(model)
+        base = self.weights_dir / "base"
+        if base.exists():
+            shutil.rmtree(base)
+        base.mkdir(parents=True)
+        model.config.save_pretrained(base)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(base)
+        self.tokenizer.save_pretrained(base)
+        save_weights(model, base, self.dtype)
+        self.servers = VLLMServers(
+            base, self.served_model_name, self.config, self.workdir / "servers", self.num_servers
+        )
+        self.servers.start()
+        log.info(
+            "vllm_engine_started",
+            endpoints=self.servers.endpoints,
+            pids=self.servers.pids,
+            version=self.version,
+            dtype=self.config.dtype,
+        )
+        return self.servers.endpoints
+
+    def publish(self, model: Any, version: int) -> float:
+        """Put `model`'s weights into every server (the Gateway is paused and drained meanwhile).
+        Returns the seconds the reload itself took (saving excluded)."""
+        if self.servers is None:
+            raise VLLMEngineError("publish before start")
+        self.servers.check_alive()
+        folder = self.weights_dir / f"v{version}"
+        with torch.no_grad():
+            save_weights(model, folder, self.dtype)
+        seconds = self.servers.reload(folder)
+        previous, self._current = self._current, folder
+        if previous is not None and previous != folder:
+            shutil.rmtree(previous, ignore_errors=True)
+        self.version = version
+        log.info("vllm_weights_published", version=version, reload_seconds=round(seconds, 3))
+        return seconds
+
+    def close(self) -> None:
+        if self.servers is not None:
+            self.servers.stop()
