@@ -91,6 +91,29 @@ class VLLMServerConfig:
     extra_args: list[str] = field(default_factory=list)  # more `vllm serve` flags, verbatim
 
 
+def _post(base_url: str, path: str, body: dict[str, object] | None = None, timeout: float = 600.0) -> None:
+    response = httpx.post(f"{base_url}{path}", json=body, timeout=timeout, trust_env=False)
+    if response.status_code != 200:
+        raise RuntimeError(
+            f"vLLM server {base_url}: POST {path} answered {response.status_code}: {response.text[:500]}"
+        )
+
+
+def reload_weights(base_url: str, weights_dir: str | os.PathLike[str]) -> None:
+    """Have the vLLM server at `base_url` (started with VLLM_SERVER_DEV_MODE=1) load the
+    safetensors in `weights_dir` into its running model: same architecture, new values."""
+    _post(
+        base_url,
+        "/collective_rpc",
+        {"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}},
+    )
+
+
+def reset_prefix_cache(base_url: str) -> None:
+    """Drop the server's cached KV blocks (computed with the old weights)."""
+    _post(base_url, "/reset_prefix_cache")
+
+
 class VLLMServer:
     """One vLLM OpenAI server, a child process tracked by its pid."""
 
@@ -211,26 +234,13 @@ class VLLMServer:
             "vllm_server_ready", pid=self.process.pid, endpoint=self.endpoint, seconds=self.ready_seconds
         )
 
-    def _post(
-        self, path: str, body: dict[str, object] | None = None, timeout: float = 600.0
-    ) -> httpx.Response:
-        response = httpx.post(f"{self.base_url}{path}", json=body, timeout=timeout, trust_env=False)
-        if response.status_code != 200:
-            raise RuntimeError(
-                f"vLLM server {self.index} ({self.base_url}): POST {path} answered "
-                f"{response.status_code}: {response.text[:500]}"
-            )
-        return response
-
     def reload_weights(self, weights_dir: str | os.PathLike[str]) -> None:
         """Load the safetensors in `weights_dir` into the running model (same architecture)."""
-        self._post(
-            "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}}
-        )
+        reload_weights(self.base_url, weights_dir)
 
     def reset_prefix_cache(self) -> None:
         """Drop cached KV blocks computed with the old weights."""
-        self._post("/reset_prefix_cache")
+        reset_prefix_cache(self.base_url)
 
     def alive(self) -> bool:
         return self.process is not None and self.process.alive()
