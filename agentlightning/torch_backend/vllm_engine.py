@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from agentlightning.log import get_logger
+from agentlightning.torch_backend.config import TorchRolloutConfig
 from agentlightning.torch_backend.vllm_server import VLLMServerConfig, VLLMServers, save_weights
 
 log = get_logger("vllm_engine")
@@ -31,6 +32,29 @@ DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float
 
 class VLLMEngineError(RuntimeError):
     pass
+
+
+def server_config(rollout: TorchRolloutConfig, device: torch.device) -> VLLMServerConfig:
+    """How to start each vLLM server, from `actor_rollout_ref.rollout.*` (the same keys as the
+    torch engine where they mean the same: dtype, lengths, batch limits, host, seed)."""
+    v = rollout.vllm
+    dtype = rollout.dtype if rollout.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
+    return VLLMServerConfig(
+        python=v.python,
+        dtype=dtype,
+        max_model_len=rollout.max_model_len,
+        max_num_seqs=rollout.max_num_seqs,
+        max_num_batched_tokens=rollout.max_num_batched_tokens,
+        kv_cache_memory_bytes=v.kv_cache_memory_bytes if device.type != "cuda" else None,
+        gpu_memory_utilization=v.gpu_memory_utilization,
+        enforce_eager=v.enforce_eager,
+        tool_call_parser=v.tool_call_parser,
+        host=rollout.host,
+        seed=rollout.seed,
+        start_timeout_seconds=v.start_timeout_seconds,
+        cpu_binds=list(v.cpu_binds),
+        extra_args=list(v.extra_args),
+    )
 
 
 def check_servable(model: Any) -> None:

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -267,6 +267,10 @@ class VLLMServers:
         if n < 1:
             raise ValueError(f"start at least one vLLM server, got n={n}")
         self.workdir = Path(workdir)
+        if n > 1 and not config.cpu_binds and config.gpu_memory_utilization is None:
+            # On CPU vLLM binds every server to core 0 by default: spread them over the cores.
+            cores = sorted(os.sched_getaffinity(0))
+            config = replace(config, cpu_binds=[str(cores[i % len(cores)]) for i in range(n)])
         self.servers = [
             VLLMServer(model, served_model_name, config, self.workdir / f"server{i}", index=i)
             for i in range(n)

@@ -1,0 +1,47 @@
+"""The vLLM server manager's own behaviour: models vLLM cannot serve are refused before any server
+starts, a server that fails to start is reported with its log's tail, and nothing is left."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentlightning.demo.model import TinyModelConfig, build_model, build_tokenizer
+from agentlightning.procs import ProcessFailed
+from agentlightning.torch_backend.vllm_engine import VLLMEngineError, check_servable
+from agentlightning.torch_backend.vllm_server import VLLMServerConfig, VLLMServers
+
+from .helpers import process_group_alive
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def test_models_vllm_cannot_serve_are_refused_with_the_reason() -> None:
+    tokenizer = build_tokenizer()
+    tied = build_model(TinyModelConfig(num_attention_heads=2, tie_word_embeddings=True), tokenizer=tokenizer)
+    with pytest.raises(VLLMEngineError, match="tie_word_embeddings=False"):
+        check_servable(tied)
+    small_heads = build_model(
+        TinyModelConfig(num_attention_heads=4, tie_word_embeddings=False), tokenizer=tokenizer
+    )
+    with pytest.raises(VLLMEngineError, match="head size of at least 32, this model has 16"):
+        check_servable(small_heads)
+    check_servable(
+        build_model(TinyModelConfig(num_attention_heads=2, tie_word_embeddings=False), tokenizer=tokenizer)
+    )
+
+
+def test_a_server_that_fails_to_start_is_reported_with_its_log_tail(vllm_ready: str, tmp_path: Path) -> None:
+    config = VLLMServerConfig(python=vllm_ready, start_timeout_seconds=600)
+    servers = VLLMServers(tmp_path / "no-such-model", "policy", config, tmp_path / "vllm", n=2)
+    with pytest.raises(ProcessFailed) as failed:
+        servers.start()
+    message = str(failed.value)
+    assert "failed to start" in message and "no-such-model" in message
+    assert str(tmp_path / "vllm" / "server0" / "server.log") in message
+    assert all(not process_group_alive(pid) for pid in servers.pids)
+    # Scratch space and caches went into the run's folder, not /tmp or ~/.cache.
+    assert (tmp_path / "vllm" / "server0" / "tmp").is_dir() and (
+        tmp_path / "vllm" / "server1" / "cache"
+    ).is_dir()
