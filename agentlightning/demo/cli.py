@@ -199,6 +199,11 @@ class Demo:
         say(
             f"[3/4] Trainer     pid {trainer.pid}: GRPO, {steps} steps of {rollouts} rollouts, "
             f"validation every {t.test_freq} steps\n      config {self.config_path}"
+            + (
+                "\n      rollouts served by real vLLM servers the trainer starts (.venv-vllm; ready in 20-60 s)"
+                if self.cfg.engine == "vllm"
+                else ""
+            )
         )
         assert trainer.proc is not None
         while True:

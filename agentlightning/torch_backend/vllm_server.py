@@ -18,8 +18,11 @@ does not become ready in time fails `start()` with the tail of its log.
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -34,6 +37,7 @@ log = get_logger("vllm_server")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VLLM_VENV = ".venv-vllm"
+MAX_SOCKET_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 
 
 def vllm_python(configured: str | None = None) -> str:
@@ -136,6 +140,7 @@ class VLLMServer:
         self.process: ManagedProcess | None = None
         self.ready_seconds: float | None = None
         self._started_at = 0.0
+        self._short_tmp: str | None = None
 
     @property
     def endpoint(self) -> str:
@@ -203,11 +208,21 @@ class VLLMServer:
             TRANSFORMERS_OFFLINE="1",
             TOKENIZERS_PARALLELISM="false",
         )
+        env["VLLM_RPC_BASE_PATH"] = self._socket_dir(scratch)
         if self.config.cpu_binds:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.config.cpu_binds[self.index % len(self.config.cpu_binds)]
         # Our venv's packages must not shadow vLLM's (it pins its own transformers).
         env.pop("PYTHONPATH", None)
         return env
+
+    def _socket_dir(self, scratch: Path) -> str:
+        """Where vLLM puts its IPC sockets: the scratch folder, unless its path is too long for a
+        socket (107 bytes, with a 36-character name added), then a short private /tmp folder."""
+        if len(str(scratch)) + 38 <= MAX_SOCKET_PATH:
+            return str(scratch)
+        if self._short_tmp is None:
+            self._short_tmp = tempfile.mkdtemp(prefix="agl-vllm-")
+        return self._short_tmp
 
     def start(self) -> VLLMServer:
         """Start the process; `wait_ready()` waits for it to answer."""
@@ -251,6 +266,9 @@ class VLLMServer:
     def stop(self, timeout: float = 20.0) -> None:
         if self.process is not None:
             self.process.stop(timeout)
+        if self._short_tmp is not None:
+            shutil.rmtree(self._short_tmp, ignore_errors=True)
+            self._short_tmp = None
 
 
 class VLLMServers:
@@ -315,6 +333,10 @@ class VLLMServers:
                 raise ProcessFailed(f"vLLM server {server.index} exited:\n{server.log_tail()}")
 
     def stop(self) -> None:
+        """SIGTERM every server at once, then wait for each (SIGKILL after its timeout)."""
+        for server in self.servers:
+            if server.process is not None:
+                server.process.signal_group(signal.SIGTERM)
         for server in self.servers:
             server.stop()
 
