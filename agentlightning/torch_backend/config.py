@@ -51,6 +51,8 @@ class VLLMRolloutConfig:
         default_factory=list
     )  # per server: VLLM_CPU_OMP_THREADS_BIND, e.g. ["0", "1"]
     extra_args: list[str] = field(default_factory=list)  # more `vllm serve` flags, verbatim
+    # engine=auto: vLLM for models at least this large (below, the torch engine is faster on CPU)
+    auto_min_parameters: int = 20_000_000
 
 
 @dataclass
@@ -67,7 +69,9 @@ class TorchRolloutConfig:
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     max_num_batched_tokens: int = 16384  # prompt tokens prefilled together
     # Ours:
-    engine: str = "torch"  # torch: the built-in inference server | vllm: real vLLM servers (rollout.vllm)
+    # auto: vLLM for a Hugging Face model of at least vllm.auto_min_parameters that vLLM can serve,
+    # where it is installed; else torch (the built-in server) | torch | vllm (rollout.vllm)
+    engine: str = "auto"
     vllm: VLLMRolloutConfig = field(default_factory=VLLMRolloutConfig)
     device: str = "auto"  # auto | cpu | cuda | cuda:N (shared by the policy update)
     host: str = "127.0.0.1"

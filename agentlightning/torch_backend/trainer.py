@@ -19,6 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from agentlightning.client import GatewayClient
+from agentlightning.log import get_logger
 from agentlightning.torch_backend.checkpoint import (
     load_policy_state,
     save_policy_state,
@@ -38,11 +39,14 @@ from agentlightning.torch_backend.vllm_engine import (
     VLLMEngine,
     VLLMEngineError,
     check_servable,
+    choose_engine,
     server_config,
 )
 from agentlightning.trainer import ConfigError, CoreConfig, TrainingBatch, load_core_config
 from agentlightning.trainer.loop import TrainingLoop
 from agentlightning.trainer.loop_config import load_loop_config
+
+log = get_logger("torch_backend")
 
 
 class TorchBackend:
@@ -78,7 +82,9 @@ class TorchBackend:
             self.updater.load_state_dict(state["policy"])
             set_torch_rng_state(state["rng"])
         rollout = self.config.rollout
-        if rollout.engine == "vllm":
+        engine, why = choose_engine(rollout.engine, self.config.model.path, self.updater.model, rollout)
+        log.info("rollout_engine", engine=engine, reason=why)
+        if engine == "vllm":
             return self._start_vllm(tokenizer, device, version)
         serving = copy.deepcopy(self.updater.model).to(dtype=resolve_dtype(rollout.dtype, device))
         self.engine = TorchEngine(

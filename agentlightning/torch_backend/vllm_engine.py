@@ -23,7 +23,12 @@ import torch
 
 from agentlightning.log import get_logger
 from agentlightning.torch_backend.config import TorchRolloutConfig
-from agentlightning.torch_backend.vllm_server import VLLMServerConfig, VLLMServers, save_weights
+from agentlightning.torch_backend.vllm_server import (
+    VLLMServerConfig,
+    VLLMServers,
+    save_weights,
+    vllm_unavailable,
+)
 
 log = get_logger("vllm_engine")
 
@@ -73,6 +78,32 @@ def check_servable(model: Any) -> None:
             f"vLLM's CPU attention needs a head size of at least 32, this model has {head_dim} "
             "(hidden_size / num_attention_heads); use actor_rollout_ref.rollout.engine=torch"
         )
+
+
+def choose_engine(
+    requested: str, model_path: str, model: Any, rollout: TorchRolloutConfig
+) -> tuple[str, str]:
+    """(engine, why) for `actor_rollout_ref.rollout.engine`: `torch` and `vllm` are kept as
+    asked; `auto` picks vLLM for a model at least `vllm.auto_min_parameters` large that vLLM can
+    serve, where vLLM is installed — below that size our engine is faster (docs/vllm.md)."""
+    if requested != "auto":
+        return requested, "asked for"
+    if model_path == "demo":
+        return "torch", "the demo's built-in model"
+    n_params = sum(p.numel() for p in model.parameters())
+    if n_params < rollout.vllm.auto_min_parameters:
+        return "torch", (
+            f"{n_params / 1e6:.1f}M parameters < vllm.auto_min_parameters "
+            f"({rollout.vllm.auto_min_parameters / 1e6:.0f}M): the torch engine is faster there"
+        )
+    try:
+        check_servable(model)
+    except VLLMEngineError as exc:
+        return "torch", f"vLLM cannot serve this model: {exc}"
+    missing = vllm_unavailable(rollout.vllm.python)
+    if missing is not None:
+        return "torch", f"vLLM is not installed: {missing}"
+    return "vllm", f"{n_params / 1e6:.0f}M parameters, vLLM installed"
 
 
 class VLLMEngine:

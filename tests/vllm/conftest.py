@@ -32,10 +32,10 @@ def vllm_ready() -> str:
     """The interpreter that runs vLLM; skips (fails on CI) when there is none."""
     python = vllm_python()
     reason = vllm_unavailable(python)
+    unavailable = Path(python).parent.parent / "UNAVAILABLE"  # `make vllm` failed: its log's tail
+    if unavailable.exists():
+        reason = f"{reason or ''}\n`make vllm` failed:\n{unavailable.read_text(errors='replace')[-1000:]}"
     if reason is not None:
-        unavailable = Path(python).parent.parent / "UNAVAILABLE"
-        if unavailable.exists():
-            reason += "\n" + unavailable.read_text(errors="replace")[-1000:]
         if os.environ.get("CI"):
             pytest.fail(f"vLLM must run on CI: {reason}")
         pytest.skip(f"real vLLM is not installed here: {reason}")

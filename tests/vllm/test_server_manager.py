@@ -9,7 +9,8 @@ import pytest
 
 from agentlightning.demo.model import TinyModelConfig, build_model, build_tokenizer
 from agentlightning.procs import ProcessFailed
-from agentlightning.torch_backend.vllm_engine import VLLMEngineError, check_servable
+from agentlightning.torch_backend.config import TorchRolloutConfig, VLLMRolloutConfig
+from agentlightning.torch_backend.vllm_engine import VLLMEngineError, check_servable, choose_engine
 from agentlightning.torch_backend.vllm_server import VLLMServerConfig, VLLMServers
 
 from .helpers import process_group_alive
@@ -45,3 +46,27 @@ def test_a_server_that_fails_to_start_is_reported_with_its_log_tail(vllm_ready: 
     assert (tmp_path / "vllm" / "server0" / "tmp").is_dir() and (
         tmp_path / "vllm" / "server1" / "cache"
     ).is_dir()
+
+
+def test_auto_engine_picks_vllm_only_for_a_large_servable_model_where_vllm_is_installed(
+    vllm_ready: str,
+) -> None:
+    tokenizer = build_tokenizer()
+    servable = build_model(
+        TinyModelConfig(num_attention_heads=2, tie_word_embeddings=False), tokenizer=tokenizer
+    )
+    tied = build_model(TinyModelConfig(num_attention_heads=2, tie_word_embeddings=True), tokenizer=tokenizer)
+
+    def rollout(min_params: int, python: str | None = vllm_ready) -> TorchRolloutConfig:
+        return TorchRolloutConfig(vllm=VLLMRolloutConfig(python=python, auto_min_parameters=min_params))
+
+    assert choose_engine("torch", "/m", servable, rollout(0)) == ("torch", "asked for")
+    assert choose_engine("vllm", "/m", tied, rollout(0)) == ("vllm", "asked for")  # refused later, by name
+    assert choose_engine("auto", "demo", servable, rollout(0))[0] == "torch"
+    engine, why = choose_engine("auto", "/m", servable, rollout(10**9))
+    assert engine == "torch" and "torch engine is faster" in why
+    engine, why = choose_engine("auto", "/m", tied, rollout(0))
+    assert engine == "torch" and "tie_word_embeddings" in why
+    engine, why = choose_engine("auto", "/m", servable, rollout(0, python="/no/such/python"))
+    assert engine == "torch" and "not installed" in why
+    assert choose_engine("auto", "/m", servable, rollout(0))[0] == "vllm"
