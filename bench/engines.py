@@ -1,7 +1,7 @@
 """Rollout engines side by side: our torch engine vs real vLLM, on the same model, in one run.
 
-For each model size — the demo's model and a Qwen2.5-0.5B-wide random model (hidden 896,
-8 layers) — each engine is started as its own server process on the same saved model
+For each model size — the demo's model (vLLM's recipe: 2 heads of 32, untied), a middle one
+(hidden 512, 4 layers) and a Qwen2.5-0.5B-wide random model (hidden 896, 8 layers) — each engine is started as its own server process on the same saved model
 (`agl-torch-server`, and `vllm.entrypoints.openai.api_server` from .venv-vllm), then:
 
 * time to ready (process start → `/health` 200) and resident memory (the process tree's RSS);
@@ -43,6 +43,13 @@ SIZES = {
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=2,
+        num_key_value_heads=2,
+    ),
+    "mid": TinyModelConfig(
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=4,
+        num_attention_heads=8,
         num_key_value_heads=2,
     ),
     "wide": TinyModelConfig(
@@ -188,7 +195,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--sizes", default="demo,wide")
+    parser.add_argument("--sizes", default="demo,mid,wide")
     parser.add_argument("--gen-len", type=int, default=48)
     parser.add_argument("--torch-threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
