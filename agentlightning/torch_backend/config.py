@@ -88,9 +88,9 @@ class TorchBackendConfig:
     def validate(self) -> None:
         if self.rollout.n < 1:
             raise ValueError("actor_rollout_ref.rollout.n must be at least 1")
-        if self.rollout.engine not in ("torch", "vllm"):
+        if self.rollout.engine not in ("auto", "torch", "vllm"):
             raise ValueError(
-                f"actor_rollout_ref.rollout.engine must be torch or vllm, got {self.rollout.engine!r}"
+                f"actor_rollout_ref.rollout.engine must be auto, torch or vllm, got {self.rollout.engine!r}"
             )
         if self.rollout.vllm.num_servers < 1:
             raise ValueError("actor_rollout_ref.rollout.vllm.num_servers must be at least 1")
