@@ -52,7 +52,7 @@ class VLLMRolloutConfig:
     )  # per server: VLLM_CPU_OMP_THREADS_BIND, e.g. ["0", "1"]
     extra_args: list[str] = field(default_factory=list)  # more `vllm serve` flags, verbatim
     # engine=auto: vLLM for models at least this large (below, the torch engine is faster on CPU)
-    auto_min_parameters: int = 20_000_000
+    auto_min_parameters: int = 5_000_000
 
 
 @dataclass
