@@ -106,6 +106,13 @@ class Store(abc.ABC):
     async def list_terminal(self, after: int, limit: int) -> TerminalPage:
         """Terminal rollouts in completion order, after the cursor `after`."""
 
+    async def count_by_state(self) -> dict[str, int]:
+        """How many rollouts are in each state (for metrics and the dashboard)."""
+        counts: dict[str, int] = {}
+        for rollout in await self.list_rollouts(None, 2**62):
+            counts[rollout.status.state.value] = counts.get(rollout.status.state.value, 0) + 1
+        return counts
+
     # events
     @abc.abstractmethod
     async def append_event(self, record: EventRecord) -> int:

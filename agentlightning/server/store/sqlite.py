@@ -411,6 +411,12 @@ class SqliteStore(Store):
         rows = await self._read(lambda c: c.execute(sql, args).fetchall())
         return [Rollout.model_validate_json(r[0]) for r in rows]
 
+    async def count_by_state(self) -> dict[str, int]:
+        rows = await self._read(
+            lambda c: c.execute("SELECT state, count(*) FROM rollouts GROUP BY state").fetchall()
+        )
+        return {state: n for state, n in rows}
+
     async def patch_rollout(self, rollout_id: str, patch: RolloutStatusPatch, now: float) -> Rollout:
         def op(conn: sqlite3.Connection) -> Rollout:
             row = conn.execute("SELECT body FROM rollouts WHERE rollout_id=?", (rollout_id,)).fetchone()
