@@ -232,8 +232,8 @@ def test_a_rollout_shows_its_tool_call_reward_and_training_rows(browser: Any, wo
     triplets = api(world, f"/api/rollouts/{rid}/events?format=triplet")
     rows = aggregate_rollout(triplets, rid, "d-add", 1.0, stats=AggregationStats())
     assert len(rows) == 1 and rows[0].n_calls == 2
-    shown = page.locator("#training-rows tbody tr")
-    assert shown.count() == 1
+    shown = page.locator("#training-rows tr.row")
+    assert shown.count() == 1 and page.locator("#training-rows tr.break").count() == 0
     assert shown.locator("td.trainable").inner_text() == str(rows[0].n_trainable)
     assert shown.locator("td.context").inner_text() == str(len(rows[0].response_ids) - rows[0].n_trainable)
     page.screenshot(path=str(world.shots / "dashboard-rollout.png"), full_page=True)
@@ -251,9 +251,11 @@ def test_a_rollout_shows_its_tool_call_reward_and_training_rows(browser: Any, wo
 def test_a_merge_break_is_explained(browser: Any, world: World) -> None:
     rid = world.ids["fresh"][0]
     page, console = open_dashboard(browser, world, hash_=f"#/rollout/{rid}")
-    page.wait_for_selector("#training-rows tbody tr", timeout=WAIT_MS)
-    assert page.locator("#training-rows tbody tr").count() == 2
-    reason = page.locator("#training-rows tbody tr").nth(1).locator(".break-reason").inner_text()
+    page.wait_for_selector("#training-rows tr.row", timeout=WAIT_MS)
+    assert page.locator("#training-rows tr.row").count() == 2
+    assert page.locator("#training-rows tbody").nth(0).locator("tr.break").count() == 0
+    reason = page.locator("#training-rows tbody").nth(1).locator(".break-reason").inner_text()
+    assert reason.startswith("merge break before row 2:")
     assert "differs from the row at token" in reason or "shorter than the row" in reason, reason
     assert page.inner_text("#reward") == "0"
     page.screenshot(path=str(world.shots / "dashboard-rollout-break.png"), full_page=True)
@@ -286,5 +288,15 @@ def test_training_page_plots_the_posted_metrics(browser: Any, world: World) -> N
         timeout=WAIT_MS,
     )
     page.screenshot(path=str(world.shots / "dashboard-training.png"), full_page=True)
+    assert console.errors == []
+    page.close()
+
+
+def test_a_key_link_logs_in_and_leaves_the_address_bar(browser: Any, world: World) -> None:
+    page = browser.new_page()
+    console = Console(page)
+    page.goto(f"{world.gw.url}/ui/#key={KEY}")
+    page.wait_for_selector("#count-total", timeout=WAIT_MS)
+    assert KEY not in page.url and page.url.endswith("#/overview")
     assert console.errors == []
     page.close()

@@ -110,6 +110,11 @@ async function route() {
       const node = await view(arg, params);
       if (seq !== renderSeq) return;
       const page = document.getElementById("page");
+      if (node === null) { // the view updated its live part in place (inputs keep focus and text)
+        document.getElementById("live").textContent = `live · updated ${new Date().toLocaleTimeString()}`;
+        refreshTimer = setTimeout(tick, REFRESH_MS);
+        return;
+      }
       const keepFocus = document.activeElement && page.contains(document.activeElement) ? document.activeElement.id : null;
       page.replaceChildren(node);
       if (keepFocus && document.getElementById(keepFocus)) {
@@ -189,6 +194,18 @@ async function rolloutsPage(_, params) {
     h("input", { id: "search", type: "search", placeholder: "rollout id or data id", value: q, "aria-label": "search",
       onchange: (e) => setParams({ ...current, q: e.target.value.trim() }) }),
     h("span", { class: "muted", id: "rollouts-total" }, `${page.total} rollouts`));
+  const existing = document.getElementById("rollouts");
+  const table = rolloutsTable(page, offset, current);
+  if (existing && existing.dataset.hash === location.hash) {
+    document.getElementById("rollouts-body").replaceChildren(...table);
+    document.getElementById("rollouts-total").textContent = `${page.total} rollouts`;
+    return null;
+  }
+  return h("div", { class: "card", id: "rollouts", "data-hash": location.hash }, h("h2", {}, "Rollouts"), filters,
+    h("div", { id: "rollouts-body" }, table));
+}
+
+function rolloutsTable(page, offset, current) {
   const rows = page.items.map((r) => h("tr", { "data-rollout": r.rollout_id },
     h("td", { class: "mono" }, h("a", { href: `#/rollout/${encodeURIComponent(r.rollout_id)}` }, r.rollout_id)),
     h("td", {}, r.data_id ?? "–"), h("td", {}, r.is_train ? "train" : "val"), h("td", {}, badge(r.state)),
@@ -198,10 +215,9 @@ async function rolloutsPage(_, params) {
     h("button", { id: "prev", disabled: offset === 0, onclick: () => setParams({ ...current, offset: Math.max(0, offset - PAGE_SIZE) }) }, "‹ newer"),
     h("span", { class: "muted" }, page.total ? `${offset + 1}–${Math.min(offset + PAGE_SIZE, page.total)} of ${page.total}` : "none"),
     h("button", { id: "next", disabled: offset + PAGE_SIZE >= page.total, onclick: () => setParams({ ...current, offset: offset + PAGE_SIZE }) }, "older ›"));
-  return h("div", { class: "card", id: "rollouts" }, h("h2", {}, "Rollouts"), filters,
-    h("table", {}, h("thead", {}, h("tr", {}, ["id", "data id", "split", "state"].map((t) => h("th", {}, t)),
-      ["reward", "duration", "attempts", "model calls", "tokens"].map((t) => h("th", { class: "num" }, t)))),
-      h("tbody", {}, rows)), pager);
+  return [h("table", {}, h("thead", {}, h("tr", {}, ["id", "data id", "split", "state"].map((t) => h("th", {}, t)),
+    ["reward", "duration", "attempts", "model calls", "tokens"].map((t) => h("th", { class: "num" }, t)))),
+    h("tbody", {}, rows)), pager];
 }
 
 // --- one rollout --------------------------------------------------------------------------
@@ -297,12 +313,13 @@ async function rolloutPage(id) {
       `${t.stats.n_calls} usable calls, ${t.stats.n_calls_error} failed, ${t.stats.n_calls_no_tokens} without token ids, ${t.stats.n_merge_mismatch} merge breaks.`),
     t.rows.length === 0 ? h("p", { class: "muted" }, "No training row: no usable call.") :
       h("table", { id: "training-rows" }, h("thead", {}, h("tr", {}, h("th", {}, "row"), h("th", {}, "calls"),
-        ["prompt", "trainable", "context"].map((x) => h("th", { class: "num" }, x)), h("th", {}, "tokens"), h("th", {}, "versions"), h("th", {}, "merge break"))),
-        h("tbody", {}, t.rows.map((row, i) => h("tr", {},
-          h("td", {}, i + 1), h("td", {}, `${row.turn_index + 1}–${row.turn_index + row.n_calls}`),
-          h("td", { class: "num" }, row.prompt_tokens), h("td", { class: "num trainable" }, row.trainable_tokens), h("td", { class: "num context" }, row.context_tokens),
-          h("td", {}, maskBar(row.response_mask)), h("td", {}, row.model_versions.join(", ") || "–"),
-          h("td", { class: "break-reason" }, row.break_reason || (i === 0 ? "" : "–")))))),
+        ["prompt", "trainable", "context"].map((x) => h("th", { class: "num" }, x)), h("th", {}, "tokens"), h("th", {}, "versions"))),
+        t.rows.map((row, i) => h("tbody", {},
+          row.break_reason ? h("tr", { class: "break" }, h("td", { colspan: 7, class: "break-reason" }, `merge break before row ${i + 1}: ${row.break_reason}`)) : null,
+          h("tr", { class: "row" },
+            h("td", {}, i + 1), h("td", {}, `${row.turn_index + 1}–${row.turn_index + row.n_calls}`),
+            h("td", { class: "num" }, row.prompt_tokens), h("td", { class: "num trainable" }, row.trainable_tokens), h("td", { class: "num context" }, row.context_tokens),
+            h("td", {}, maskBar(row.response_mask)), h("td", {}, row.model_versions.join(", ") || "–"))))),
     h("div", { class: "legend" }, h("span", {}, h("span", { class: "sw", style: "background:#1f8a4c" }), "trainable (the policy's tokens)"),
       h("span", {}, h("span", { class: "sw", style: "background:#c9cfdc" }), "context (tool results, user turns: masked)")));
   return h("div", { id: "rollout" }, summary, h("div", { class: "cols" }, h("div", {}, conversation), h("div", {}, history, training)));
@@ -355,6 +372,12 @@ async function trainingPage(_, params) {
 
 // --- start ----------------------------------------------------------------------------------
 
+// A link of the form /ui/#key=KEY (the demo prints one) logs in at once; the fragment never
+// reaches the server, and it is removed from the address bar.
+if (location.hash.startsWith("#key=")) {
+  sessionStorage.setItem(KEY_STORE, decodeURIComponent(location.hash.slice(5)));
+  history.replaceState(null, "", `${location.pathname}#/overview`);
+}
 document.getElementById("login").addEventListener("submit", login);
 document.getElementById("logout").addEventListener("click", () => showLogin());
 window.addEventListener("hashchange", route);

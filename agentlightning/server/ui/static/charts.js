@@ -46,7 +46,7 @@ function lineChart(series, opts) {
   }
   for (let i = 0; i <= 4; i++) {
     const x = x0 + ((x1 - x0) * i) / 4;
-    svg.appendChild(svgEl("text", { x: sx(x), y: H - B + 14, "text-anchor": "middle" }, fmtTick(Math.round(x * 10) / 10)));
+    svg.appendChild(svgEl("text", { x: sx(x), y: H - B + 14, "text-anchor": "middle" }, Number.isInteger(Math.round(x * 10) / 10) ? String(Math.round(x)) : x.toFixed(1)));
   }
   svg.appendChild(svgEl("text", { x: W - R, y: H - 2, "text-anchor": "end" }, opts.xLabel || "step"));
   series.forEach((s, i) => {
