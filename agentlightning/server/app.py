@@ -67,7 +67,7 @@ def create_app(
     )
     if gateway_metrics is not None:
         proxy_runtime = state.proxy
-        gateway_metrics.state.proxy_state = lambda: (proxy_runtime.inflight, proxy_runtime.paused)
+        gateway_metrics.proxy_state = lambda: (proxy_runtime.inflight, proxy_runtime.paused)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

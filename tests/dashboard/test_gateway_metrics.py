@@ -105,3 +105,22 @@ def test_metrics_can_be_switched_off(tmp_path: Path) -> None:
         assert "metrics.enabled" in answer.json()["detail"]
     finally:
         gw.process.stop()
+
+
+def test_fast_histogram_matches_prometheus_client() -> None:
+    """The Gateway's lock-free histogram exposes exactly what prometheus-client's would."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from agentlightning.server.metrics import CALL_BUCKETS, FastHistogram
+
+    values = [0.0, 0.005, 0.0051, 0.1, 0.25, 1.0, 7.5, 599.9, 600.0, 601.0, 1e9]
+    registry = CollectorRegistry()
+    reference = Histogram("h", "h", buckets=CALL_BUCKETS, registry=registry)
+    ours = FastHistogram(CALL_BUCKETS)
+    for v in values:
+        reference.observe(v)
+        ours.observe(v)
+    (family,) = registry.collect()
+    expected = [(s.labels["le"], s.value) for s in family.samples if s.name == "h_bucket"]
+    assert ours.buckets() == expected
+    assert ours.sum == pytest.approx(sum(values))

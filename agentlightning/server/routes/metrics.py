@@ -18,5 +18,5 @@ async def metrics(state: State) -> Response:
     if state.metrics is None:
         raise HTTPException(404, "metrics are off on this Gateway: start it with metrics.enabled=true")
     # Rollouts by state are counted now (one grouped query), not kept on every change.
-    state.metrics.state.rollout_counts = await state.store.count_by_state()
+    state.metrics.rollout_counts = await state.store.count_by_state()
     return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
