@@ -192,9 +192,12 @@ def test_rollouts_filters_search_and_live_updates(browser: Any, world: World) ->
     page.select_option("#filter-state", "failed")
     wait_rows(page, set(world.ids["crash"]))
     page.select_option("#filter-state", "")
+    wait_rows(page, all_ids)
     page.select_option("#filter-split", "val")
     wait_rows(page, set(world.ids["val"]))
     page.select_option("#filter-split", "train")
+    train = {r for kind in ("right", "wrong", "fresh", "crash") for r in world.ids[kind]}
+    wait_rows(page, train)
     page.fill("#search", "d-bad")
     page.press("#search", "Enter")
     wait_rows(page, set(world.ids["wrong"]))
@@ -206,6 +209,7 @@ def test_rollouts_filters_search_and_live_updates(browser: Any, world: World) ->
     # Live: a rollout created now shows up without a reload (and the filters stay).
     page.fill("#search", "")
     page.press("#search", "Enter")
+    wait_rows(page, train)
     page.select_option("#filter-split", "all")
     wait_rows(page, all_ids)
     new = f"late-{uuid.uuid4().hex[:6]}"

@@ -171,9 +171,12 @@ async function overviewPage() {
 
 const PAGE_SIZE = 25;
 
-function setParams(params) {
-  const q = new URLSearchParams();
-  for (const [k, v] of Object.entries(params)) if (v) q.set(k, v);
+// Merge into the filters of the address bar (not of the page as it was drawn: a control of a
+// page being redrawn must not bring back filters the user has changed since).
+function setParams(changes) {
+  const q = new URLSearchParams(parseHash().params);
+  for (const [k, v] of Object.entries(changes)) { if (v) q.set(k, v); else q.delete(k); }
+  if (!("offset" in changes)) q.delete("offset");
   location.hash = `#/rollouts${q.toString() ? "?" + q : ""}`;
 }
 
@@ -185,17 +188,16 @@ async function rolloutsPage(_, params) {
   const query = new URLSearchParams({ split, q, offset, limit: PAGE_SIZE });
   if (state) query.set("state", state);
   const page = await api(`/api/dashboard/rollouts?${query}`);
-  const current = { state, split, q, offset: 0 };
   const filters = h("div", { class: "filters" },
-    h("select", { id: "filter-state", "aria-label": "state", onchange: (e) => setParams({ ...current, state: e.target.value }) },
+    h("select", { id: "filter-state", "aria-label": "state", onchange: (e) => setParams({ state: e.target.value }) },
       h("option", { value: "" }, "all states"), STATES.map((s) => h("option", { value: s, selected: s === state }, s))),
-    h("select", { id: "filter-split", "aria-label": "train or val", onchange: (e) => setParams({ ...current, split: e.target.value === "all" ? "" : e.target.value }) },
+    h("select", { id: "filter-split", "aria-label": "train or val", onchange: (e) => setParams({ split: e.target.value === "all" ? "" : e.target.value }) },
       ["all", "train", "val"].map((s) => h("option", { value: s, selected: s === split }, s === "all" ? "train + val" : s))),
     h("input", { id: "search", type: "search", placeholder: "rollout id or data id", value: q, "aria-label": "search",
-      onchange: (e) => setParams({ ...current, q: e.target.value.trim() }) }),
+      onchange: (e) => setParams({ q: e.target.value.trim() }) }),
     h("span", { class: "muted", id: "rollouts-total" }, `${page.total} rollouts`));
   const existing = document.getElementById("rollouts");
-  const table = rolloutsTable(page, offset, current);
+  const table = rolloutsTable(page, offset);
   if (existing && existing.dataset.hash === location.hash) {
     document.getElementById("rollouts-body").replaceChildren(...table);
     document.getElementById("rollouts-total").textContent = `${page.total} rollouts`;
@@ -205,16 +207,16 @@ async function rolloutsPage(_, params) {
     h("div", { id: "rollouts-body" }, table));
 }
 
-function rolloutsTable(page, offset, current) {
+function rolloutsTable(page, offset) {
   const rows = page.items.map((r) => h("tr", { "data-rollout": r.rollout_id },
     h("td", { class: "mono" }, h("a", { href: `#/rollout/${encodeURIComponent(r.rollout_id)}` }, r.rollout_id)),
     h("td", {}, r.data_id ?? "–"), h("td", {}, r.is_train ? "train" : "val"), h("td", {}, badge(r.state)),
     h("td", { class: "num" }, fmt.num(r.reward)), h("td", { class: "num" }, fmt.secs(r.duration)),
     h("td", { class: "num" }, r.attempts), h("td", { class: "num" }, r.model_calls), h("td", { class: "num" }, r.tokens)));
   const pager = h("div", { class: "pager" },
-    h("button", { id: "prev", disabled: offset === 0, onclick: () => setParams({ ...current, offset: Math.max(0, offset - PAGE_SIZE) }) }, "‹ newer"),
+    h("button", { id: "prev", disabled: offset === 0, onclick: () => setParams({ offset: String(Math.max(0, offset - PAGE_SIZE)) }) }, "‹ newer"),
     h("span", { class: "muted" }, page.total ? `${offset + 1}–${Math.min(offset + PAGE_SIZE, page.total)} of ${page.total}` : "none"),
-    h("button", { id: "next", disabled: offset + PAGE_SIZE >= page.total, onclick: () => setParams({ ...current, offset: offset + PAGE_SIZE }) }, "older ›"));
+    h("button", { id: "next", disabled: offset + PAGE_SIZE >= page.total, onclick: () => setParams({ offset: String(offset + PAGE_SIZE) }) }, "older ›"));
   return [h("table", {}, h("thead", {}, h("tr", {}, ["id", "data id", "split", "state"].map((t) => h("th", {}, t)),
     ["reward", "duration", "attempts", "model calls", "tokens"].map((t) => h("th", { class: "num" }, t)))),
     h("tbody", {}, rows)), pager];
