@@ -164,7 +164,7 @@ class TorchTrainer:
                 project=self.loop.project_name,
                 experiment=self.loop.experiment_name,
                 config=OmegaConf.to_container(self.config, resolve=True),  # type: ignore[arg-type]
-                gateway=self.client,
+                gateway=manager.client,
             )
             log.info(
                 "training_started",
