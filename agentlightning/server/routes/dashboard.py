@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 router = APIRouter(prefix="/api/dashboard", tags=["dashboard"])
 State = Annotated[GatewayState, Depends(state_dependency)]
-ALL = 2**62
 RECENT_FAILURES = 20
 
 
@@ -58,8 +57,7 @@ def _duration(rollout: Rollout, at: float) -> float | None:
 @router.get("/overview")
 async def overview(state: State) -> dict[str, Any]:
     counts = await state.store.count_by_state()
-    failed = await state.store.list_rollouts({RolloutState.FAILED}, ALL)
-    failed.sort(key=lambda r: r.status.updated_at, reverse=True)
+    _, failed = await state.store.page_rollouts({RolloutState.FAILED}, None, "", 0, RECENT_FAILURES)
     metrics = state.metrics
     return {
         "counts": {s.value: counts.get(s.value, 0) for s in RolloutState},
@@ -73,7 +71,7 @@ async def overview(state: State) -> dict[str, Any]:
                 "error_message": r.status.error_message,
                 "updated_at": r.status.updated_at,
             }
-            for r in failed[:RECENT_FAILURES]
+            for r in failed
         ],
         "proxy": state.proxy.state().model_dump(),
         "models": [m.model_dump() for m in state.models.all()],
@@ -100,16 +98,10 @@ async def rollouts(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> dict[str, Any]:
     """A page of rollouts, newest first, with per-rollout reward, attempts, calls and tokens."""
-    found = await state.store.list_rollouts(set(state_in) if state_in else None, ALL)
-    needle = q.strip().lower()
-    if split != "all":
-        found = [r for r in found if r.is_train == (split == "train")]
-    if needle:
-        found = [
-            r for r in found if needle in r.rollout_id.lower() or needle in (r.metadata.data_id or "").lower()
-        ]
-    found.reverse()  # newest first
-    page = found[offset : offset + limit]
+    is_train = None if split == "all" else split == "train"
+    total, page = await state.store.page_rollouts(
+        set(state_in) if state_in else None, is_train, q.strip(), offset, limit
+    )
     at = time.time()
     items = []
     for r in page:
@@ -130,7 +122,7 @@ async def rollouts(
                 "error_message": r.status.error_message,
             }
         )
-    return {"total": len(found), "offset": offset, "limit": limit, "items": items}
+    return {"total": total, "offset": offset, "limit": limit, "items": items}
 
 
 def _call_view(event: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ TIMED_OPS = (
     "get_rollout",
     "list_rollouts",
     "count_by_state",
+    "page_rollouts",
     "patch_rollout",
     "delete_rollout",
     "list_terminal",
