@@ -127,8 +127,13 @@ async function route() {
       if (err instanceof Unauthorized) { showLogin("The Gateway refused the key."); return; }
       document.getElementById("live").textContent = `update failed: ${err.message}`;
     }
-    if (seq === renderSeq && view !== rolloutPage) refreshTimer = setTimeout(tick, REFRESH_MS);
-    else if (seq === renderSeq) refreshTimer = setTimeout(tick, REFRESH_MS * 2);
+    if (seq !== renderSeq) return;
+    if (view !== rolloutPage) refreshTimer = setTimeout(tick, REFRESH_MS);
+    else if (!document.querySelector("#rollout-summary h2 [data-state='succeeded'], #rollout-summary h2 [data-state='failed']")) {
+      refreshTimer = setTimeout(tick, REFRESH_MS * 2); // a finished rollout does not change any more
+    } else {
+      document.getElementById("live").textContent = "finished · not refreshing";
+    }
   };
   await tick();
 }
