@@ -24,6 +24,7 @@ CHROMIUM_FLAGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    "--disable-dev-shm-usage",  # containers' small /dev/shm would crash the renderer
 ]
 
 
