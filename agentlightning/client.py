@@ -292,6 +292,12 @@ class _Operations:
     def health() -> _Call[bool]:
         return _Call("GET", "/healthz", lambda r: True, True)
 
+    # training runs' metrics (an addition over v1.0: the dashboard's training page)
+    @staticmethod
+    def post_run_metrics(run_id: str, points: Iterable[Mapping[str, Any]]) -> _Call[None]:
+        # Idempotent: a step posted again replaces the stored one.
+        return _Call("POST", f"/api/runs/{_seg(run_id)}/metrics", lambda r: None, True, body=list(points))
+
 
 class _ClientBase:
     def __init__(self, base_url: str, key: str, timeout: float, retry: RetryPolicy) -> None:
@@ -464,6 +470,10 @@ class GatewayClient(_ClientBase):
 
     def health(self) -> bool:
         return self._run(_Operations.health())
+
+    def post_run_metrics(self, run_id: str, points: Iterable[Mapping[str, Any]]) -> None:
+        """Post training-step metrics `[{step, metrics: {name: value}, time?}]` for the dashboard."""
+        self._run(_Operations.post_run_metrics(run_id, points))
 
 
 class AsyncGatewayClient(_ClientBase):

@@ -294,3 +294,29 @@ class ProxyState(BaseModel):
 
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
+
+
+# --- training runs' metrics (an addition over v1.0: the dashboard's training page) ----------
+
+
+class MetricPoint(_Strict):
+    """One step of a training run: its metrics, as the trainer logs them to its sinks."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    step: int = Field(ge=0)
+    metrics: dict[str, float]
+    time: float | None = Field(default=None, description="when the step ended (unix seconds); default: now")
+
+
+class RunSummary(BaseModel):
+    run_id: str
+    n_points: int
+    last_step: int | None
+    updated_at: float
+    keys: list[str]
+
+
+class RunMetrics(BaseModel):
+    run_id: str
+    points: list[MetricPoint]

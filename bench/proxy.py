@@ -12,6 +12,7 @@ the proxy issue, with the CPU time per call of every process.
     .venv/bin/python bench/proxy.py                          # the three issue scenarios
     .venv/bin/python bench/proxy.py --scenarios 64:0.05 --duration 5
     .venv/bin/python bench/proxy.py --gateway-cmd '/other/venv/bin/agl-server proxy.max_connections=100'
+    .venv/bin/python bench/proxy.py --metrics-off     # also a gateway with metrics.enabled=false: the cost of /metrics
 
 A gateway command gets `port=… key=… log_level=warning` appended, and `store.url=` a fresh
 SQLite file unless it sets one.
@@ -282,6 +283,11 @@ def main() -> None:
         default=[],
         help="another gateway command to benchmark side by side (repeatable)",
     )
+    parser.add_argument(
+        "--metrics-off",
+        action="store_true",
+        help="also run a gateway with metrics.enabled=false and print the metrics on/off throughput ratio",
+    )
     args = parser.parse_args()
     if args.worker:
         worker(args)
@@ -292,6 +298,10 @@ def main() -> None:
         n, delay = item.split(":")
         scenarios.append((int(n), float(delay)))
     commands = [("ours", [sys.executable, "-m", "agentlightning.server"])]
+    if args.metrics_off:
+        commands.append(
+            ("no-metrics", [sys.executable, "-m", "agentlightning.server", "metrics.enabled=false"])
+        )
     commands += [(f"cmd{i + 1}", shlex.split(c)) for i, c in enumerate(args.gateway_cmd)]
 
     cpus = sorted(os.sched_getaffinity(0))
@@ -339,13 +349,14 @@ def main() -> None:
                 for _ in range(args.repeat):  # interleaved, so that a change in machine load hits all paths
                     for name, (urls, gw) in paths.items():
                         runs[name].append(measure(urls, args, model, gw))
-                direct = median_run(runs["direct"])
+                medians = {name: median_run(r) for name, r in runs.items()}
+                direct = medians["direct"]
                 cells = [str(n), f"{delay * 1000:.0f}ms", "direct", f"{direct['rps']:.0f}", "1.00"]
                 cells += [f"{direct['p50_ms']:.1f}", f"{direct['p99_ms']:.1f}", "", ""]
                 cells += [str(direct["errors"]), "", direct["cpu"], ""]
                 print(fmt_row(cells, widths), flush=True)
                 for gw in gateways:
-                    via = median_run(runs[f"via {gw.label}"])
+                    via = medians[f"via {gw.label}"]
                     ratio = via["rps"] / direct["rps"] if direct["rps"] else float("nan")
                     added50 = via["p50_ms"] - direct["p50_ms"]
                     added99 = via["p99_ms"] - direct["p99_ms"]
@@ -383,6 +394,17 @@ def main() -> None:
                     print(fmt_row(cells, widths), flush=True)
                     if via["error_kinds"]:
                         print(f"    errors via {gw.label}: {via['error_kinds']}")
+                if args.metrics_off:
+                    on, off = medians["via ours"], medians["via no-metrics"]
+                    ratio = on["rps"] / off["rps"] if off["rps"] else float("nan")
+                    verdict = "PASS" if ratio >= 0.95 else "FAIL"
+                    failures += verdict == "FAIL"
+                    print(
+                        f"    metrics on/off: {on['rps']:.0f} / {off['rps']:.0f} calls/s = {ratio:.3f} "
+                        f"({verdict} >= 0.95); p50 {on['p50_ms']:.1f} / {off['p50_ms']:.1f} ms; "
+                        f"cpu ms/call {on['cpu']} / {off['cpu']}",
+                        flush=True,
+                    )
             finally:
                 for gw in gateways:
                     gw.process.stop()

@@ -54,6 +54,9 @@ async def run_controller(config: ControllerConfig) -> None:
         max_connections=8,
     ) as client:
         reconciler = Reconciler(config, runner, client)
+        if config.metrics_port >= 0:
+            port = reconciler.metrics.serve(config.metrics_port, config.metrics_host)
+            log.info("metrics_serving", url=f"http://{config.metrics_host}:{port}/metrics")
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, reconciler.stop, sig.name)

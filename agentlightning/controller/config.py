@@ -57,6 +57,8 @@ class ControllerConfig:
     long_poll_seconds: float = 30.0
     resync_interval: float = 10.0
     shutdown_timeout: float = 15.0
+    metrics_port: int = -1  # GET /metrics for Prometheus on this port; -1: off, 0: any free port
+    metrics_host: str = "127.0.0.1"
     agl_server: AglServerConfig = field(default_factory=AglServerConfig)
     local_runner: LocalRunnerConfig = field(default_factory=LocalRunnerConfig)
     k8s_runner: K8sRunnerConfig = field(default_factory=K8sRunnerConfig)
@@ -80,6 +82,7 @@ def _validate(c: ControllerConfig) -> None:
         (c.long_poll_seconds >= 0, "long_poll_seconds must be >= 0"),
         (c.resync_interval > 0, "resync_interval must be > 0"),
         (c.shutdown_timeout >= 0, "shutdown_timeout must be >= 0"),
+        (-1 <= c.metrics_port < 65536, "metrics_port must be -1 (off), 0 (any free port) or a port"),
         (c.agl_server.request_timeout > 0, "agl_server.request_timeout must be > 0"),
         (c.local_runner.maximum_size >= 1, "local_runner.maximum_size must be at least 1"),
         (c.local_runner.poll_interval > 0, "local_runner.poll_interval must be > 0"),

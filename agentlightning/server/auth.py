@@ -8,6 +8,8 @@ import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 OPEN_PATHS = frozenset({"/healthz"})
+# The dashboard's static page: no data in it; its API calls carry the key.
+OPEN_PREFIX = "/ui/"
 
 
 class KeyAuthMiddleware:
@@ -26,7 +28,13 @@ class KeyAuthMiddleware:
         return False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self._key or scope["path"] in OPEN_PATHS or self._authorized(scope):
+        if (
+            scope["type"] != "http"
+            or not self._key
+            or scope["path"] in OPEN_PATHS
+            or (scope["path"] + "/").startswith(OPEN_PREFIX)
+            or self._authorized(scope)
+        ):
             await self.app(scope, receive, send)
             return
         body = orjson.dumps(

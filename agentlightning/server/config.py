@@ -64,6 +64,11 @@ class ProxyConfig:
 
 
 @dataclass
+class MetricsConfig:
+    enabled: bool = True  # GET /metrics (Prometheus) and the dashboard's live rates
+
+
+@dataclass
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8181
@@ -74,6 +79,7 @@ class ServerConfig:
     default_proxy: DefaultProxyConfig = field(default_factory=DefaultProxyConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
 
 def load_server_config(cfg: DictConfig | dict[str, Any] | None = None, **overrides: Any) -> ServerConfig:

@@ -106,6 +106,34 @@ class Store(abc.ABC):
     async def list_terminal(self, after: int, limit: int) -> TerminalPage:
         """Terminal rollouts in completion order, after the cursor `after`."""
 
+    async def page_rollouts(
+        self,
+        states: Collection[RolloutState] | None,
+        is_train: bool | None,
+        search: str,
+        offset: int,
+        limit: int,
+    ) -> tuple[int, list[Rollout]]:
+        """Newest first, for the dashboard: (how many match, one page of them). `search` matches
+        part of the rollout id or data id, case-insensitively."""
+        found = await self.list_rollouts(states, 2**62)
+        needle = search.lower()
+        found = [
+            r
+            for r in found
+            if (is_train is None or r.is_train == is_train)
+            and (not needle or needle in r.rollout_id.lower() or needle in (r.metadata.data_id or "").lower())
+        ]
+        found.reverse()
+        return len(found), found[offset : offset + limit]
+
+    async def count_by_state(self) -> dict[str, int]:
+        """How many rollouts are in each state (for metrics and the dashboard)."""
+        counts: dict[str, int] = {}
+        for rollout in await self.list_rollouts(None, 2**62):
+            counts[rollout.status.state.value] = counts.get(rollout.status.state.value, 0) + 1
+        return counts
+
     # events
     @abc.abstractmethod
     async def append_event(self, record: EventRecord) -> int:
