@@ -1,6 +1,6 @@
 """`agl-controller`: run the Rollout Controller.
 
-agl-controller runner_type=local agl_server.url=http://127.0.0.1:8181 agl_server.key=secret
+agl-controller runner_type=local agl_server.url=http://127.0.0.1:8080 agl_server.key=secret
 agl-controller --config my-controller.yaml local_runner.maximum_size=16
 """
 

@@ -13,14 +13,14 @@ from omegaconf import DictConfig
 
 from agentlightning import __version__
 from agentlightning.log import get_logger
-from agentlightning.server.auth import KeyAuthMiddleware
+from agentlightning.server.auth import Authenticator, AuthMiddleware
 from agentlightning.server.body_limit import BodyLimitMiddleware
 from agentlightning.server.config import ServerConfig, load_server_config
 from agentlightning.server.errors import install_error_handlers
 from agentlightning.server.proxy import routes as proxy
 from agentlightning.server.proxy.asgi import ProxyFastPath
 from agentlightning.server.proxy.runtime import ProxyRuntime
-from agentlightning.server.routes import events, health, models, rollouts
+from agentlightning.server.routes import events, health, models, rollouts, tokens
 from agentlightning.server.state import GatewayState, ModelTable
 from agentlightning.server.store import Store, store_from_url
 
@@ -40,7 +40,14 @@ _NO_TELEMETRY: dict[str, Any] = (
 # Collect less often, and never walk the objects that exist once the app has started.
 GC_THRESHOLDS = (50_000, 20, 20)
 
-ROUTERS: list[APIRouter] = [health.router, rollouts.router, events.router, models.router, proxy.router]
+ROUTERS: list[APIRouter] = [
+    health.router,
+    rollouts.router,
+    events.router,
+    models.router,
+    tokens.router,
+    proxy.router,
+]
 
 
 def create_app(
@@ -52,7 +59,11 @@ def create_app(
     if store is None:
         store = store_from_url(config.store.url, config.store.synchronous, config.store.read_threads)
     state = GatewayState(
-        config=config, store=store, models=ModelTable(store), proxy=ProxyRuntime(config.proxy)
+        config=config,
+        store=store,
+        models=ModelTable(store),
+        proxy=ProxyRuntime(config.proxy),
+        auth=Authenticator(config.key, config.controller_key, config.token_secret),
     )
 
     @asynccontextmanager
@@ -88,5 +99,5 @@ def create_app(
     # path runs after both.
     app.add_middleware(ProxyFastPath, state=state)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
-    app.add_middleware(KeyAuthMiddleware, key=config.key)
+    app.add_middleware(AuthMiddleware, auth=state.auth, load_rollout=store.get_rollout)
     return app

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 
 from agentlightning.schemas import Model
+from agentlightning.server.auth import Authenticator
 from agentlightning.server.config import ServerConfig
 from agentlightning.server.proxy.runtime import ProxyRuntime
 from agentlightning.server.signal import ChangeSignal
@@ -62,6 +63,7 @@ class GatewayState:
     rollout_changes: ChangeSignal = field(default_factory=ChangeSignal)
     terminal_changes: ChangeSignal = field(default_factory=ChangeSignal)
     proxy: ProxyRuntime = field(default_factory=ProxyRuntime)
+    auth: Authenticator = field(default_factory=lambda: Authenticator(""))
 
 
 def get_state(request: Request) -> GatewayState:

@@ -72,7 +72,7 @@ class AsyncRolloutConfig:
 
 @dataclass
 class AgentLightningConfig:
-    agl_base_url: str = "http://127.0.0.1:8181"
+    agl_base_url: str = "http://127.0.0.1:8080"
     agl_key: str = ""
     model_name: str = "policy"
     rollout_timeout_seconds: float = 600.0
