@@ -23,6 +23,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from agentlightning.schemas import (
     EVENT_REWARD,
+    AgentToken,
     Event,
     Model,
     ProxyState,
@@ -221,6 +222,11 @@ class _Operations:
         return _Call("DELETE", f"/api/rollouts/{_seg(rollout_id)}", lambda r: None, True)
 
     @staticmethod
+    def mint_agent_token(rollout_id: str, attempt_id: str) -> _Call[AgentToken]:
+        body = {"rollout_id": rollout_id, "attempt_id": attempt_id}
+        return _Call("POST", "/api/agent-tokens", _model(AgentToken), True, body=body)
+
+    @staticmethod
     def delete_rollouts(rollout_ids: Sequence[str]) -> _Call[int]:
         body = {"rollout_ids": list(rollout_ids)}
         parse = lambda r: orjson.loads(r.content)["deleted"]  # noqa: E731
@@ -413,6 +419,10 @@ class GatewayClient(_ClientBase):
         """Delete many rollouts in one request (up to 1000; batch route, not in v1.0); how many existed."""
         return self._run(_Operations.delete_rollouts(rollout_ids))
 
+    def mint_agent_token(self, rollout_id: str, attempt_id: str) -> AgentToken:
+        """The token of one attempt (controller or admin key; not in v1.0: NotFound there)."""
+        return self._run(_Operations.mint_agent_token(rollout_id, attempt_id))
+
     def post_event(self, rollout_id: str, attempt_id: str, event_type: str, data: Mapping[str, Any]) -> Event:
         return self._run(_Operations.post_event(rollout_id, attempt_id, event_type, data))
 
@@ -539,6 +549,10 @@ class AsyncGatewayClient(_ClientBase):
     async def delete_rollouts(self, rollout_ids: Sequence[str]) -> int:
         """Delete many rollouts in one request (up to 1000; batch route, not in v1.0); how many existed."""
         return await self._run(_Operations.delete_rollouts(rollout_ids))
+
+    async def mint_agent_token(self, rollout_id: str, attempt_id: str) -> AgentToken:
+        """The token of one attempt (controller or admin key; not in v1.0: NotFound there)."""
+        return await self._run(_Operations.mint_agent_token(rollout_id, attempt_id))
 
     async def post_event(
         self, rollout_id: str, attempt_id: str, event_type: str, data: Mapping[str, Any]
