@@ -77,7 +77,9 @@ class K8sRolloutConfig(BaseModel):
 
 
 class RolloutConfig(BaseModel):
-    timeout_seconds: float = Field(default=600.0, gt=0, description="wall-clock limit for one attempt")
+    timeout_seconds: float = Field(
+        default=3600, gt=0, description="wall-clock limit for one attempt (as v1.0)"
+    )
     local: LocalRolloutConfig | None = None
     k8s: K8sRolloutConfig | None = None
 
@@ -134,7 +136,7 @@ class RolloutStatusPatch(_Strict):
 
 
 class RolloutPatch(_Strict):
-    status: RolloutStatusPatch
+    status: RolloutStatusPatch | None = None  # none, or no field set: the rollout unchanged (as v1.0)
 
 
 class Attempt(BaseModel):

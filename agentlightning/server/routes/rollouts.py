@@ -121,14 +121,20 @@ async def get_rollout(rollout_id: str, state: State) -> RolloutDetail:
         )
         for s in stats
     ]
+    ids = [a.attempt_id for a in attempts]  # as v1.0: the attempts that have events
     last = rollout.status.last_attempt_id
-    if last is not None and all(a.attempt_id != last for a in attempts):
+    if last is not None and last not in ids:
         attempts.append(Attempt(attempt_id=last, n_events=0))  # started, nothing recorded yet
-    return RolloutDetail(rollout=rollout, attempts=[a.attempt_id for a in attempts], attempt_details=attempts)
+    return RolloutDetail(rollout=rollout, attempts=ids, attempt_details=attempts)
 
 
 @router.patch("/{rollout_id}", response_model=Rollout)
 async def patch_rollout(rollout_id: str, body: RolloutPatch, state: State) -> Rollout:
+    if body.status is None or not body.status.model_fields_set:
+        current = await state.store.get_rollout(rollout_id)  # nothing to change, no new version
+        if current is None:
+            raise RolloutNotFound(rollout_id)
+        return current
     updated = await state.store.patch_rollout(rollout_id, body.status, now())
     state.rollout_changes.notify()
     if updated.status.state.is_terminal and body.status.state is not None:
