@@ -10,7 +10,9 @@ on other transport errors and 5xx answers.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import ssl
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -156,6 +158,14 @@ def _json_body(value: Any) -> bytes:
 
 def _model(cls: type[BaseModel]) -> Callable[[httpx.Response], Any]:
     return lambda r: cls.model_validate_json(r.content)
+
+
+def tls_verify() -> ssl.SSLContext | bool:
+    """How an https Gateway's certificate is checked: against $SSL_CERT_FILE when set (a private
+    CA, as OpenAI's SDK and most clients read it), else the system's CAs. Proxy variables are
+    not read (trust_env=False), so this one is read here."""
+    cafile = os.environ.get("SSL_CERT_FILE")
+    return ssl.create_default_context(cafile=cafile) if cafile else True
 
 
 def _seg(value: str) -> str:
@@ -361,7 +371,10 @@ class GatewayClient(_ClientBase):
     ) -> None:
         super().__init__(base_url, key, timeout, retry or RetryPolicy())
         self._http = httpx.Client(
-            limits=httpx.Limits(max_connections=max_connections), trust_env=False, transport=transport
+            limits=httpx.Limits(max_connections=max_connections),
+            trust_env=False,
+            transport=transport,
+            verify=tls_verify(),
         )
 
     def close(self) -> None:
@@ -490,7 +503,10 @@ class AsyncGatewayClient(_ClientBase):
     ) -> None:
         super().__init__(base_url, key, timeout, retry or RetryPolicy())
         self._http = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=max_connections), trust_env=False, transport=transport
+            limits=httpx.Limits(max_connections=max_connections),
+            trust_env=False,
+            transport=transport,
+            verify=tls_verify(),
         )
 
     async def aclose(self) -> None:
