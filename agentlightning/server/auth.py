@@ -18,6 +18,7 @@ import binascii
 import hashlib
 import hmac
 import re
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -177,6 +178,51 @@ async def _deny(send: Send, status: int, detail: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+_PATCH_OR_DELETE_ONE = frozenset({"PATCH", "DELETE"})
+_BATCH_DELETE = "/api/rollouts/batch/delete"
+ALL = ""  # "every rollout" for LiveTokens.forget
+
+
+def rollout_change(method: str, path: str) -> str | None:
+    """The rollout a request may end or move to another attempt (ALL: several), else None."""
+    if method in _PATCH_OR_DELETE_ONE and (match := _ROLLOUT.match(path)):
+        return match.group(1)
+    if method == "POST" and path == _BATCH_DELETE:
+        return ALL
+    return None
+
+
+class LiveTokens:
+    """Which tokens were found live, so that an agent's model calls do not each read its rollout.
+
+    Exact as long as this Gateway is the only writer of its store: every request that can end a
+    rollout or change its attempt forgets it before and after it runs, and a check that overlapped
+    such a request (the generation moved) is not remembered.
+    """
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self.capacity = capacity
+        self._live: OrderedDict[str, str] = OrderedDict()  # rollout id -> attempt id
+        self.generation = 0
+
+    def is_live(self, rollout_id: str, attempt_id: str) -> bool:
+        return self._live.get(rollout_id) == attempt_id
+
+    def remember(self, rollout_id: str, attempt_id: str, generation: int) -> None:
+        if generation != self.generation:
+            return
+        self._live[rollout_id] = attempt_id
+        if len(self._live) > self.capacity:
+            self._live.popitem(last=False)
+
+    def forget(self, rollout_id: str) -> None:
+        if rollout_id == ALL:
+            self._live.clear()
+        else:
+            self._live.pop(rollout_id, None)
+        self.generation += 1
+
+
 class AuthMiddleware:
     """Rejects strangers (401) and principals outside their role (403) before any body is read."""
 
@@ -189,6 +235,7 @@ class AuthMiddleware:
         self.app = app
         self.auth = auth
         self.load_rollout = load_rollout
+        self.live = LiveTokens()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self.auth.enabled or scope["path"] in OPEN_PATHS:
@@ -214,9 +261,23 @@ class AuthMiddleware:
                     send, 403, f"an agent token may only use its own rollout attempt, not {method} {path}"
                 )
                 return
-            assert principal.rollout_id is not None and principal.attempt_id is not None
-            why = token_still_valid(await self.load_rollout(principal.rollout_id), principal.attempt_id)
-            if why is not None:
-                await _deny(send, 401, f"expired agent token: {why}")
-                return
-        await self.app(scope, receive, send)
+            rid, aid = principal.rollout_id, principal.attempt_id
+            assert rid is not None and aid is not None
+            if not self.live.is_live(rid, aid):
+                generation = self.live.generation
+                why = token_still_valid(await self.load_rollout(rid), aid)
+                if why is not None:
+                    await _deny(send, 401, f"expired agent token: {why}")
+                    return
+                self.live.remember(rid, aid, generation)
+            await self.app(scope, receive, send)
+            return
+        changed = rollout_change(method, path)
+        if changed is None:
+            await self.app(scope, receive, send)
+            return
+        self.live.forget(changed)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.live.forget(changed)

@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from agentlightning.server.app import create_app
-from agentlightning.server.auth import TokenSigner
+from agentlightning.server.auth import ALL, LiveTokens, TokenSigner
 
 ADMIN, CONTROLLER = "admin-key", "controller-key"
 MINE, OTHER, ATTEMPT = "mine", "other", "attempt-1"
@@ -246,3 +246,26 @@ def test_a_v1_single_key_gateway_works_as_before() -> None:
         assert api.post("/proxy/pause", json={}).json()["paused"] is True
         assert api.delete("/api/rollouts/r").status_code == 204
         assert api.get("/api/rollouts", headers=bearer("other")).status_code == 401
+
+
+def test_a_batch_delete_kills_cached_tokens(api: TestClient) -> None:
+    token = mint(api)
+    url = f"/api/rollouts/{MINE}"
+    assert api.get(url, headers=bearer(token)).status_code == 200  # checked live, remembered
+    assert api.post("/api/rollouts/batch/delete", json={"rollout_ids": [MINE]}).json() == {"deleted": 1}
+    assert api.get(url, headers=bearer(token)).status_code == 401
+
+
+def test_live_tokens_do_not_remember_a_check_that_overlapped_a_change() -> None:
+    live = LiveTokens(capacity=2)
+    generation = live.generation
+    live.forget("r1")  # a patch of r1 ran while the check read the rollout
+    live.remember("r1", "a", generation)
+    assert not live.is_live("r1", "a")
+    live.remember("r1", "a", live.generation)
+    assert live.is_live("r1", "a") and not live.is_live("r1", "b")
+    live.remember("r2", "a", live.generation)
+    live.remember("r3", "a", live.generation)  # over capacity: the oldest goes
+    assert not live.is_live("r1", "a") and live.is_live("r3", "a")
+    live.forget(ALL)
+    assert not live.is_live("r2", "a") and not live.is_live("r3", "a")
