@@ -147,7 +147,7 @@ class Authenticator:
         self.signer = TokenSigner.from_config(key, token_secret)
 
     def identify(self, credential: str) -> Principal | None:
-        raw = credential.encode()
+        raw = credential.encode("latin-1")  # the header's bytes (credential_of decoded them as latin-1)
         role: Role | None = None
         for secret, candidate in self._keys:  # every key compared: the time says nothing of which matched
             if hmac.compare_digest(raw, secret):
