@@ -17,11 +17,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[train,k8s,dev]'
 	touch $(STAMP)
 
+# Agent Lightning v1.0.2 itself (light: FastAPI, Hydra, kr8s; no torch), for the differential and
+# cross-version tests (tests/compat). Its metadata asks for Python 3.12; it runs on 3.11.
+V1 := .venv-v1
+$(V1)/.installed:
+	$(PYTHON) -m venv $(V1)
+	$(V1)/bin/pip install --quiet --ignore-requires-python agentlightning==1.0.2
+	touch $@
+
 lint: venv
 	$(BIN)/ruff check $(LINT_DIRS)
 	$(BIN)/ruff format --check $(LINT_DIRS)
 
-test: lint
+test: lint $(V1)/.installed
 	$(BIN)/pytest -q
 
 # The full loop on CPU: Gateway, Controller and trainer as three processes (docs/demo.md).
@@ -29,4 +37,4 @@ demo: venv
 	$(BIN)/agl-demo $(ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(V1) .pytest_cache .ruff_cache .hypothesis

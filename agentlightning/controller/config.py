@@ -13,7 +13,7 @@ RUNNER_TYPES = ("local", "k8s")
 
 @dataclass
 class AglServerConfig:
-    url: str = "http://127.0.0.1:8181"
+    url: str = "http://127.0.0.1:8080"
     agent_url: str = ""
     key: str = ""
     request_timeout: float = 30.0
@@ -21,7 +21,7 @@ class AglServerConfig:
 
 @dataclass
 class LocalRunnerConfig:
-    maximum_size: int = 8
+    maximum_size: int = 50
     poll_interval: float = 1.0
     warm_start: bool = True
     warm_pool_size: int = 4
@@ -37,8 +37,8 @@ class LocalRunnerConfig:
 @dataclass
 class K8sRunnerConfig:
     namespace: str = "default"
-    ttl_after_finished: int = 600
-    max_jobs_per_minute: int = 60
+    ttl_after_finished: int = 1200
+    max_jobs_per_minute: int = 100
     poll_interval: float = 5.0
     max_active_jobs: int = 0
     kubeconfig: str = ""
@@ -72,7 +72,7 @@ class ControllerConfig:
 def _check_url(key: str, value: str) -> None:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"{key} must be an http(s) URL such as http://127.0.0.1:8181, got {value!r}")
+        raise ValueError(f"{key} must be an http(s) URL such as http://127.0.0.1:8080, got {value!r}")
 
 
 def _validate(c: ControllerConfig) -> None:

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 
 from agentlightning import __version__
 from agentlightning.log import get_logger
-from agentlightning.server.auth import KeyAuthMiddleware
+from agentlightning.server.auth import Authenticator, AuthMiddleware
 from agentlightning.server.body_limit import BodyLimitMiddleware
 from agentlightning.server.config import ServerConfig, load_server_config
 from agentlightning.server.errors import install_error_handlers
@@ -21,7 +21,7 @@ from agentlightning.server.metrics import GatewayMetrics
 from agentlightning.server.proxy import routes as proxy
 from agentlightning.server.proxy.asgi import ProxyFastPath
 from agentlightning.server.proxy.runtime import ProxyRuntime
-from agentlightning.server.routes import dashboard, events, health, metrics, models, rollouts, runs
+from agentlightning.server.routes import dashboard, events, health, metrics, models, rollouts, runs, tokens
 from agentlightning.server.state import GatewayState, ModelTable
 from agentlightning.server.store import Store, store_from_url
 from agentlightning.server.store.timed import instrument_store
@@ -43,7 +43,14 @@ _NO_TELEMETRY: dict[str, Any] = (
 # Collect less often, and never walk the objects that exist once the app has started.
 GC_THRESHOLDS = (50_000, 20, 20)
 
-ROUTERS: list[APIRouter] = [health.router, rollouts.router, events.router, models.router, proxy.router]
+ROUTERS: list[APIRouter] = [
+    health.router,
+    rollouts.router,
+    events.router,
+    models.router,
+    tokens.router,
+    proxy.router,
+]
 ROUTERS += [metrics.router, runs.router, dashboard.router]
 
 
@@ -64,6 +71,7 @@ def create_app(
         models=ModelTable(store),
         proxy=ProxyRuntime(config.proxy),
         metrics=gateway_metrics,
+        auth=Authenticator(config.key, config.controller_key, config.token_secret),
     )
     if gateway_metrics is not None:
         proxy_runtime = state.proxy
@@ -103,5 +111,5 @@ def create_app(
     # path runs after both.
     app.add_middleware(ProxyFastPath, state=state)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
-    app.add_middleware(KeyAuthMiddleware, key=config.key)
+    app.add_middleware(AuthMiddleware, auth=state.auth, load_rollout=store.get_rollout)
     return app

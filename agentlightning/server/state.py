@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 
 from agentlightning.schemas import Model
+from agentlightning.server.auth import Authenticator
 from agentlightning.server.config import ServerConfig
 from agentlightning.server.history import StatusHistory
 from agentlightning.server.metrics import GatewayMetrics
@@ -69,6 +70,7 @@ class GatewayState:
     metrics: GatewayMetrics | None = None
     runs: RunMetricsTable = field(default_factory=RunMetricsTable)
     history: StatusHistory = field(default_factory=StatusHistory)
+    auth: Authenticator = field(default_factory=lambda: Authenticator(""))
 
 
 def get_state(request: Request) -> GatewayState:

@@ -57,6 +57,16 @@ class AttemptStats:
     last_event_at: float
 
 
+def group_id_of(rollout: Rollout) -> str:
+    """The terminal cursor's `data_id`: metadata.data_id (ours), else input.data_id or
+    input.instance_id (v1.0's), else "" (as v1.0)."""
+    if rollout.metadata.data_id:
+        return rollout.metadata.data_id
+    if isinstance(rollout.input, dict):
+        return str(rollout.input.get("data_id") or rollout.input.get("instance_id") or "")
+    return ""
+
+
 def apply_patch(rollout: Rollout, patch: RolloutStatusPatch, now: float) -> Rollout:
     """The patched copy of a rollout, version + 1. Raises IllegalTransition."""
     status = rollout.status

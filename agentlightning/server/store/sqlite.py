@@ -36,6 +36,7 @@ from agentlightning.server.store.base import (
     Store,
     StoredEvent,
     apply_patch,
+    group_id_of,
 )
 
 T = TypeVar("T")
@@ -369,7 +370,7 @@ class SqliteStore(Store):
             (
                 r.rollout_id,
                 r.status.state.value,
-                r.metadata.data_id,
+                group_id_of(r),
                 int(r.is_train),
                 r.model_dump_json().encode(),
             )
@@ -487,7 +488,9 @@ class SqliteStore(Store):
             return rows, total
 
         rows, total = await self._read(op)
-        items = [TerminalItem(rollout_id=r[1], state=r[2], data_id=r[3], is_train=bool(r[4])) for r in rows]
+        items = [
+            TerminalItem(rollout_id=r[1], state=r[2], data_id=r[3] or "", is_train=bool(r[4])) for r in rows
+        ]
         return TerminalPage(items=items, next_after=rows[-1][0] if rows else after, total_terminal=total)
 
     # --- events ---------------------------------------------------------------------------
