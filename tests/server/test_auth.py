@@ -50,14 +50,16 @@ def mint(api: TestClient, rollout_id: str = MINE, attempt_id: str = ATTEMPT, key
 
 
 def snapshot(api: TestClient) -> Any:
-    """Everything a caller could change: rollouts, events of every attempt, models, proxy state."""
+    """Everything a caller could change: rollouts, events of every attempt, models, proxy state,
+    training runs' metrics."""
     rollouts = api.get("/api/rollouts", params={"limit": 100}).json()
     events = {
         rid: api.get(f"/api/rollouts/{rid}/events", params={"attempt_id": aid}).json()
         for rid in (MINE, OTHER)
         for aid in (ATTEMPT, "attempt-2")
     }
-    return rollouts, events, api.get("/api/models").json(), api.get("/proxy/state").json()
+    runs = api.get("/api/runs").json()
+    return rollouts, events, api.get("/api/models").json(), api.get("/proxy/state").json(), runs
 
 
 def every_route(api: TestClient) -> list[tuple[str, str]]:
@@ -75,7 +77,13 @@ def every_route(api: TestClient) -> list[tuple[str, str]]:
 
 
 def fill(template: str, rollout_id: str, attempt_id: str) -> str:
-    values = {"rollout_id": rollout_id, "attempt_id": attempt_id, "mode": "train", "rest": "models"}
+    values = {
+        "rollout_id": rollout_id,
+        "attempt_id": attempt_id,
+        "mode": "train",
+        "rest": "models",
+        "run_id": "run",
+    }
     return re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], template)
 
 
