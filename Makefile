@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LINT_DIRS := $(wildcard agentlightning tests bench examples docs)
 
-.PHONY: venv test lint demo clean
+.PHONY: venv test lint demo clean examples-venv
 
 venv: $(STAMP)
 
@@ -21,12 +21,22 @@ lint: venv
 	$(BIN)/ruff check $(LINT_DIRS)
 	$(BIN)/ruff format --check $(LINT_DIRS)
 
-test: lint
+test: lint .venv-examples/.installed
 	$(BIN)/pytest -q
 
 # The full loop on CPU: Gateway, Controller and trainer as three processes (docs/demo.md).
 demo: venv
 	$(BIN)/agl-demo $(ARGS)
 
+# The examples' agents (AutoGen + MCP, OpenAI Agents SDK, LangGraph, openai) in their own venv,
+# without torch; the controller runs them with local_runner.python=.venv-examples/bin/python.
+.venv-examples/.installed: pyproject.toml
+	$(PYTHON) -m venv .venv-examples
+	.venv-examples/bin/pip install --quiet --upgrade pip
+	.venv-examples/bin/pip install --quiet -e '.[calc_x,openai_agents,langgraph,gsm8k]'
+	touch $@
+
+examples-venv: .venv-examples/.installed
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-examples .pytest_cache .ruff_cache .hypothesis
