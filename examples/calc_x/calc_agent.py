@@ -38,6 +38,10 @@ ANSWER_PATTERN = re.compile(r"###\s*ANSWER:\s*(.+?)(\s*###|$)")
 RUN_TIMEOUT_SECONDS = 300.0  # the agent's own limit; keep it under the rollout timeout
 MCP_READ_TIMEOUT_SECONDS = 120.0
 REL_TOL = 1e-2
+# v1.0's setting: after the tool call, one more model call (without tools) to reflect on the
+# result. Its prompt renders without the tool block, so it is a second training row. With 0,
+# the agent instead loops with tools (up to 3 calls), and a rollout merges into one row.
+REFLECT_ON_TOOL_USE = os.environ.get("CALC_X_REFLECT_ON_TOOL_USE", "1") != "0"
 
 # The calculator runs in this interpreter (its package is one of this example's dependencies).
 CALCULATOR = StdioServerParams(
@@ -71,7 +75,11 @@ async def solve(question: str, base_url: str, key: str) -> str:
     try:
         async with McpWorkbench(server_params=CALCULATOR) as workbench:
             agent = AssistantAgent(
-                name="calc", model_client=client, workbench=workbench, reflect_on_tool_use=True
+                name="calc",
+                model_client=client,
+                workbench=workbench,
+                reflect_on_tool_use=REFLECT_ON_TOOL_USE,
+                max_tool_iterations=1 if REFLECT_ON_TOOL_USE else 3,
             )
             task = f"{question} {OUTPUT_FORMAT}"
             result = await asyncio.wait_for(agent.run(task=task), timeout=RUN_TIMEOUT_SECONDS)

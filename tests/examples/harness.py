@@ -132,9 +132,15 @@ def agent_log(log_dir: Path, rollout_id: str) -> str:
 
 @contextmanager
 def example_stack(
-    policy: Policy, example: str, work: Path, *controller_overrides: str, maximum_size: int = 2
+    policy: Policy,
+    example: str,
+    work: Path,
+    *controller_overrides: str,
+    maximum_size: int = 2,
+    agent_env: dict[str, str] | None = None,
 ) -> Iterator[Stack]:
-    """Scripted model, Gateway and Controller (agents in `examples/{example}` run by .venv-examples)."""
+    """Scripted model, Gateway and Controller (agents in `examples/{example}` run by .venv-examples).
+    `agent_env`: extra environment of the Controller, which its agents inherit."""
     work.mkdir(parents=True, exist_ok=True)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -180,7 +186,7 @@ def example_stack(
                     *controller_overrides,
                 ],
                 work / "controller.log",
-                env=env,
+                env={**env, **(agent_env or {})},
             ).start()
             procs.append(controller)
             yield Stack(gateway, controller, model, client, url, work)
@@ -193,7 +199,7 @@ def example_stack(
 # --- why a rollout's calls did not merge ----------------------------------------------------------
 
 
-def _snippet(ids: list[int], at: int, width: int = 12) -> str:
+def _snippet(ids: list[int], at: int, width: int = 8) -> str:
     return repr(decode(ids[at : at + width]))
 
 
@@ -207,17 +213,16 @@ def first_merge_break(calls: list[dict[str, Any]]) -> str | None:
         return None
     seq = list(usable[0].prompt_ids)
     first_prompt_len = len(seq)
+    generated = [(len(seq), len(seq) + len(usable[0].response_ids))]  # spans the model wrote
     seq += usable[0].response_ids
     for n, call in enumerate(usable[1:], start=2):
         prompt = call.prompt_ids
         if prompt[: len(seq)] == seq:
+            generated.append((len(prompt), len(prompt) + len(call.response_ids)))
             seq = [*prompt, *call.response_ids]
             continue
-        at = next(
-            (i for i, (a, b) in enumerate(zip(seq, prompt, strict=False)) if a != b),
-            min(len(seq), len(prompt)),
-        )
-        where = "in the system prompt / tools" if at < first_prompt_len else "in an earlier turn"
+        pairs = zip(seq, prompt, strict=False)
+        at = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(seq), len(prompt)))
         previous_text, prompt_text = decode(seq), decode(prompt)
         if "# Tools" in previous_text and "# Tools" not in prompt_text:
             why = f"call {n} was sent without `tools`, so the chat template renders another system prompt"
@@ -225,7 +230,13 @@ def first_merge_break(calls: list[dict[str, Any]]) -> str | None:
             why = f"call {n} was sent with `tools` where the previous one had none"
         elif at >= len(prompt):
             why = f"call {n}'s prompt is shorter than the conversation so far (history dropped or trimmed)"
+        elif at < first_prompt_len:
+            why = f"call {n} re-sends the first prompt differently"
+        elif any(start <= at < end for start, end in generated):
+            why = (
+                f"call {n}'s prompt re-renders an earlier model turn differently from how the model wrote it"
+            )
         else:
-            why = f"call {n} re-sends the conversation differently {where}"
+            why = f"call {n} re-sends a tool result or user turn differently"
         return f"{why}: at token {at} the row has {_snippet(seq, at)}, the new prompt {_snippet(prompt, at)}"
     return None

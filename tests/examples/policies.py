@@ -20,6 +20,7 @@ def tool_then_answer(
     arguments_for: Callable[[str], dict[str, Any]],
     answer_for: Callable[[str], str],
     preface: str = "",
+    compact: bool = False,
 ) -> Policy:
     """First call (no tool result yet): call `tool` with arguments made from the first user
     message; once a tool result is in the conversation: answer with `answer_for(tool output)`."""
@@ -29,7 +30,7 @@ def tool_then_answer(
         if results:
             return answer_for(results[-1])
         question = next(_text(m.get("content")) for m in messages if m.get("role") == "user")
-        return preface + tool_call_text(tool, arguments_for(question))
+        return preface + tool_call_text(tool, arguments_for(question), compact)
 
     return policy
 

@@ -229,8 +229,12 @@ def hermes_parse(text: str) -> tuple[str | None, list[dict[str, Any]]]:
     return (content or None), calls
 
 
-def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
-    """What a Qwen2.5 model writes to call a tool (the template's own layout)."""
+def tool_call_text(name: str, arguments: dict[str, Any], compact: bool = False) -> str:
+    """What a Qwen2.5 model writes to call a tool: the template's own layout, or (compact) JSON
+    without spaces, which a model may write too and the template will re-render differently."""
+    if compact:
+        call = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False, separators=(",", ":"))
+        return f"<tool_call>\n{call}\n</tool_call>"
     return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments, ensure_ascii=False)}}}\n</tool_call>'
 
 
