@@ -33,7 +33,7 @@ demo: venv
 .venv-examples/.installed: pyproject.toml
 	$(PYTHON) -m venv .venv-examples
 	.venv-examples/bin/pip install --quiet --upgrade pip
-	.venv-examples/bin/pip install --quiet -e '.[calc_x,openai_agents,langgraph,gsm8k]'
+	.venv-examples/bin/pip install --quiet -e '.[calc_x,openai_agents,langgraph,gsm8k,examples_lint]'
 	touch $@
 
 examples-venv: .venv-examples/.installed
