@@ -192,9 +192,22 @@ def vllm_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def vllm_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The tools as vLLM hands them to the template: its pydantic models dumped, declared fields
+    first (`type`; `name`, `description`, `parameters`, None when absent), extra ones after."""
+    if not tools:
+        return None
+    out = []
+    for tool in tools:
+        function = dict(tool.get("function") or {})
+        declared = {k: function.pop(k, None) for k in ("name", "description", "parameters")}
+        out.append({"type": tool.get("type", "function"), "function": {**declared, **function}})
+    return out
+
+
 def render_prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
     return build_tokenizer().apply_chat_template(
-        vllm_messages(messages), tools=tools or None, add_generation_prompt=True, tokenize=False
+        vllm_messages(messages), tools=vllm_tools(tools), add_generation_prompt=True, tokenize=False
     )
 
 

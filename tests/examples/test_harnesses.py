@@ -74,14 +74,11 @@ EXAMPLE_LIST = [
 
 
 def policy_for(example: Example) -> Policy:
-    wrong_key = example.wrong["question"][:30]
-    arguments = expression_for({example.right["question"][:30]: example.expression, wrong_key: "1 + 1"})
-
-    def answer(tool_output: str) -> str:
-        # The wrong sample's tool call computes 1 + 1 = 2: answering with it is wrong.
-        return example.answer(tool_output)
-
-    return tool_then_answer(example.tool, arguments, answer)
+    """The right sample: the right expression. The wrong one: 1 + 1, so its answer (2) is wrong."""
+    arguments = expression_for(
+        {example.right["question"][:30]: example.expression, example.wrong["question"][:30]: "1 + 1"}
+    )
+    return tool_then_answer(example.tool, arguments, example.answer)
 
 
 @pytest.fixture(scope="module", params=EXAMPLE_LIST, ids=[e.name for e in EXAMPLE_LIST])
