@@ -18,10 +18,15 @@ ENV_MAP = {"QUESTION": "input.question", "RESULT": "input.result"}
 AGENT = "calc_agent:CalcAgent"
 SAMPLE = Path(__file__).resolve().parents[2] / "examples" / "calc_x" / "data" / "sample.jsonl"
 ROWS = {r["id"]: r for r in map(json.loads, SAMPLE.read_text().splitlines())}
-# Two sample rows: a fraction answer (2/3, the calculator says 0.666…) and a plain one.
+# Sample rows: a fraction answer (2/3, the calculator says 0.666…) and a plain one, both computed
+# right; and one where the model asks the calculator the wrong thing (90 * 4 = 360 is the
+# reference; 90 / 4 = 22.5 is not) and so answers wrong.
 FRACTION = ROWS["ape210k__00384263"]
 DEGREES = ROWS["ape210k__00469689"]
-EXPRESSIONS = expression_for({"6.6 minus x": "(6.6 - 5.6) / (3/2)", "right angle": "90 - 75"})
+CAKE = ROWS["ape210k__00352031"]
+EXPRESSIONS = expression_for(
+    {"6.6 minus x": "(6.6 - 5.6) / (3/2)", "right angle": "90 - 75", "piece of cake on the left": "90 / 4"}
+)
 
 
 def right_answers() -> object:
@@ -30,15 +35,19 @@ def right_answers() -> object:
 
 @pytest.fixture(scope="module")
 def right(tmp_path_factory: pytest.TempPathFactory, examples_python: str) -> Stack:
-    with example_stack(right_answers(), "calc_x", tmp_path_factory.mktemp("calc_x")) as stack:
-        stack.run(AGENT, ENV_MAP, [FRACTION, DEGREES])
+    with example_stack(right_answers(), "calc_x", tmp_path_factory.mktemp("calc_x"), maximum_size=3) as stack:
+        stack.run(AGENT, ENV_MAP, [FRACTION, DEGREES, CAKE])
         yield stack
 
 
-def test_right_answers_get_reward_one(right: Stack) -> None:
+def test_right_answers_get_reward_one_a_wrong_one_zero(right: Stack) -> None:
     for result in right.results:
         assert result.state == "succeeded", result.error
-        assert result.rewards == [1.0], result.log
+    assert [r.rewards for r in right.results] == [[1.0], [1.0], [0.0]], right.results[2].log
+    assert (
+        "### ANSWER: 22.5 ###"
+        in right.results[2].model_requests[-1]["data"]["response"]["choices"][0]["message"]["content"]
+    )
 
 
 def test_the_agent_calls_the_mcp_calculator_then_answers(right: Stack) -> None:
@@ -70,13 +79,4 @@ def test_rows_from_autogen_calls(right: Stack) -> None:
             assert row.prompt_ids == call["prompt_token_ids"]
             assert row.response_ids == call["choices"][0]["token_ids"]
             assert all(m == 1 for m in row.response_mask)
-            assert row.reward == 1.0
-
-
-def test_a_wrong_answer_gets_reward_zero(tmp_path: Path, examples_python: str) -> None:
-    wrong = tool_then_answer("calculate", EXPRESSIONS, lambda out: "### ANSWER: 16 ###")
-    with example_stack(wrong, "calc_x", tmp_path) as stack:
-        (result,) = stack.run(AGENT, ENV_MAP, [DEGREES])
-    assert result.state == "succeeded", result.error
-    assert result.rewards == [0.0]
-    assert [r.reward for r in result.rows] == [0.0, 0.0]
+            assert row.reward == result.rewards[0]
