@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import signal
 import sys
 import tempfile
@@ -121,6 +122,7 @@ def main(example: Mapping[str, Any], argv: Sequence[str] | None = None, prog: st
     from agentlightning.trainer.config import ConfigError
 
     configure_logging(str(cfg.trainer.log_level))
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Gateway request is noise
     # SIGTERM (run_local.sh's clean-up) stops training like Ctrl-C: rollouts in flight are failed.
     signal.signal(signal.SIGTERM, _interrupt)
     try:

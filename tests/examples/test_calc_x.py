@@ -5,12 +5,14 @@ scripted model that renders prompts with a real chat template and tokenizer."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.examples.harness import Stack, example_stack
 from tests.examples.policies import expression_for, number_in, tool_then_answer
+from tests.examples.scripted_model import Policy
 
 pytestmark = pytest.mark.slow
 
@@ -29,29 +31,31 @@ EXPRESSIONS = expression_for(
 )
 
 
-def right_answers() -> object:
+def scripted_policy() -> Policy:
     return tool_then_answer("calculate", EXPRESSIONS, lambda out: f"### ANSWER: {number_in(out)} ###")
 
 
 @pytest.fixture(scope="module")
-def right(tmp_path_factory: pytest.TempPathFactory, examples_python: str) -> Stack:
-    with example_stack(right_answers(), "calc_x", tmp_path_factory.mktemp("calc_x"), maximum_size=3) as stack:
+def calc_x(tmp_path_factory: pytest.TempPathFactory, examples_python: str) -> Iterator[Stack]:
+    with example_stack(
+        scripted_policy(), "calc_x", tmp_path_factory.mktemp("calc_x"), maximum_size=3
+    ) as stack:
         stack.run(AGENT, ENV_MAP, [FRACTION, DEGREES, CAKE])
         yield stack
 
 
-def test_right_answers_get_reward_one_a_wrong_one_zero(right: Stack) -> None:
-    for result in right.results:
+def test_right_answers_get_reward_one_a_wrong_one_zero(calc_x: Stack) -> None:
+    for result in calc_x.results:
         assert result.state == "succeeded", result.error
-    assert [r.rewards for r in right.results] == [[1.0], [1.0], [0.0]], right.results[2].log
+    assert [r.rewards for r in calc_x.results] == [[1.0], [1.0], [0.0]], calc_x.results[2].log
     assert (
         "### ANSWER: 22.5 ###"
-        in right.results[2].model_requests[-1]["data"]["response"]["choices"][0]["message"]["content"]
+        in calc_x.results[2].model_requests[-1]["data"]["response"]["choices"][0]["message"]["content"]
     )
 
 
-def test_the_agent_calls_the_mcp_calculator_then_answers(right: Stack) -> None:
-    fraction = right.results[0]
+def test_the_agent_calls_the_mcp_calculator_then_answers(calc_x: Stack) -> None:
+    fraction = calc_x.results[0]
     calls = fraction.model_requests
     assert len(calls) == 2  # the tool call, then AutoGen's reflection on the tool's output
     first, second = (c["data"] for c in calls)
@@ -66,10 +70,10 @@ def test_the_agent_calls_the_mcp_calculator_then_answers(right: Stack) -> None:
     assert "### ANSWER: <answer> ###" in fraction.prompt_text(0)
 
 
-def test_rows_from_autogen_calls(right: Stack) -> None:
+def test_rows_from_autogen_calls(calc_x: Stack) -> None:
     """AutoGen's reflection call carries no `tools`: the template renders another system prompt,
     so the second call cannot extend the first and each call becomes its own row."""
-    for result in right.results:
+    for result in calc_x.results:
         assert result.stats.n_calls == 2
         assert len(result.rows) == 2
         assert [r.n_calls for r in result.rows] == [1, 1]
