@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LINT_DIRS := $(wildcard agentlightning tests bench examples docs)
 
-.PHONY: venv test lint demo clean
+.PHONY: venv test lint demo clean examples-venv
 
 venv: $(STAMP)
 
@@ -29,12 +29,25 @@ lint: venv
 	$(BIN)/ruff check $(LINT_DIRS)
 	$(BIN)/ruff format --check $(LINT_DIRS)
 
-test: lint $(V1)/.installed
+test: lint $(V1)/.installed .venv-examples/.installed
 	$(BIN)/pytest -q
 
 # The full loop on CPU: Gateway, Controller and trainer as three processes (docs/demo.md).
 demo: venv
 	$(BIN)/agl-demo $(ARGS)
 
+# The examples' agents (AutoGen + MCP, OpenAI Agents SDK, LangGraph, openai) in their own venv,
+# without torch; the controller runs them with local_runner.python=.venv-examples/bin/python.
+# uv resolves and installs the ~90 packages several times faster than pip (CI's time budget).
+.venv-examples/.installed: pyproject.toml
+	rm -rf .venv-examples
+	$(PYTHON) -m venv .venv-examples
+	.venv-examples/bin/pip install --quiet uv
+	.venv-examples/bin/uv pip install --python .venv-examples/bin/python --quiet \
+		-e '.[calc_x,openai_agents,langgraph,gsm8k,examples_lint]'
+	touch $@
+
+examples-venv: .venv-examples/.installed
+
 clean:
-	rm -rf $(VENV) $(V1) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(V1) .venv-examples .pytest_cache .ruff_cache .hypothesis
