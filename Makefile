@@ -7,7 +7,7 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 LINT_DIRS := $(wildcard agentlightning tests bench examples docs)
 
-.PHONY: venv vllm test lint demo clean
+.PHONY: venv vllm test lint demo clean examples-venv
 
 venv: $(STAMP)
 vllm: $(VLLM_STAMP)
@@ -36,16 +36,37 @@ $(VLLM_STAMP): pyproject.toml
 	       cp $(VLLM_VENV)/install.log $(VLLM_VENV)/UNAVAILABLE; }
 	touch $(VLLM_STAMP)
 
+# Agent Lightning v1.0.2 itself (light: FastAPI, Hydra, kr8s; no torch), for the differential and
+# cross-version tests (tests/compat). Its metadata asks for Python 3.12; it runs on 3.11.
+V1 := .venv-v1
+$(V1)/.installed:
+	$(PYTHON) -m venv $(V1)
+	$(V1)/bin/pip install --quiet --ignore-requires-python agentlightning==1.0.2
+	touch $@
+
 lint: venv
 	$(BIN)/ruff check $(LINT_DIRS)
 	$(BIN)/ruff format --check $(LINT_DIRS)
 
-test: lint $(VLLM_STAMP)
+test: lint $(V1)/.installed .venv-examples/.installed $(VLLM_STAMP)
 	$(BIN)/pytest -q
 
 # The full loop on CPU: Gateway, Controller and trainer as three processes (docs/demo.md).
 demo: venv
 	$(BIN)/agl-demo $(ARGS)
 
+# The examples' agents (AutoGen + MCP, OpenAI Agents SDK, LangGraph, openai) in their own venv,
+# without torch; the controller runs them with local_runner.python=.venv-examples/bin/python.
+# uv resolves and installs the ~90 packages several times faster than pip (CI's time budget).
+.venv-examples/.installed: pyproject.toml
+	rm -rf .venv-examples
+	$(PYTHON) -m venv .venv-examples
+	.venv-examples/bin/pip install --quiet uv
+	.venv-examples/bin/uv pip install --python .venv-examples/bin/python --quiet \
+		-e '.[calc_x,openai_agents,langgraph,gsm8k,examples_lint]'
+	touch $@
+
+examples-venv: .venv-examples/.installed
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(V1) .venv-examples $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis

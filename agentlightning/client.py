@@ -10,7 +10,9 @@ on other transport errors and 5xx answers.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import ssl
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from agentlightning.schemas import (
     EVENT_REWARD,
+    AgentToken,
     Event,
     Model,
     ProxyState,
@@ -157,6 +160,14 @@ def _model(cls: type[BaseModel]) -> Callable[[httpx.Response], Any]:
     return lambda r: cls.model_validate_json(r.content)
 
 
+def tls_verify() -> ssl.SSLContext | bool:
+    """How an https Gateway's certificate is checked: against $SSL_CERT_FILE when set (a private
+    CA, as OpenAI's SDK and most clients read it), else the system's CAs. Proxy variables are
+    not read (trust_env=False), so this one is read here."""
+    cafile = os.environ.get("SSL_CERT_FILE")
+    return ssl.create_default_context(cafile=cafile) if cafile else True
+
+
 def _seg(value: str) -> str:
     """An id as one URL path segment."""
     return quote(value, safe="")
@@ -219,6 +230,11 @@ class _Operations:
     @staticmethod
     def delete_rollout(rollout_id: str) -> _Call[None]:
         return _Call("DELETE", f"/api/rollouts/{_seg(rollout_id)}", lambda r: None, True)
+
+    @staticmethod
+    def mint_agent_token(rollout_id: str, attempt_id: str) -> _Call[AgentToken]:
+        body = {"rollout_id": rollout_id, "attempt_id": attempt_id}
+        return _Call("POST", "/api/agent-tokens", _model(AgentToken), True, body=body)
 
     @staticmethod
     def delete_rollouts(rollout_ids: Sequence[str]) -> _Call[int]:
@@ -292,6 +308,12 @@ class _Operations:
     def health() -> _Call[bool]:
         return _Call("GET", "/healthz", lambda r: True, True)
 
+    # training runs' metrics (an addition over v1.0: the dashboard's training page)
+    @staticmethod
+    def post_run_metrics(run_id: str, points: Iterable[Mapping[str, Any]]) -> _Call[None]:
+        # Idempotent: a step posted again replaces the stored one.
+        return _Call("POST", f"/api/runs/{_seg(run_id)}/metrics", lambda r: None, True, body=list(points))
+
 
 class _ClientBase:
     def __init__(self, base_url: str, key: str, timeout: float, retry: RetryPolicy) -> None:
@@ -355,7 +377,10 @@ class GatewayClient(_ClientBase):
     ) -> None:
         super().__init__(base_url, key, timeout, retry or RetryPolicy())
         self._http = httpx.Client(
-            limits=httpx.Limits(max_connections=max_connections), trust_env=False, transport=transport
+            limits=httpx.Limits(max_connections=max_connections),
+            trust_env=False,
+            transport=transport,
+            verify=tls_verify(),
         )
 
     def close(self) -> None:
@@ -413,6 +438,10 @@ class GatewayClient(_ClientBase):
         """Delete many rollouts in one request (up to 1000; batch route, not in v1.0); how many existed."""
         return self._run(_Operations.delete_rollouts(rollout_ids))
 
+    def mint_agent_token(self, rollout_id: str, attempt_id: str) -> AgentToken:
+        """The token of one attempt (controller or admin key; not in v1.0: NotFound there)."""
+        return self._run(_Operations.mint_agent_token(rollout_id, attempt_id))
+
     def post_event(self, rollout_id: str, attempt_id: str, event_type: str, data: Mapping[str, Any]) -> Event:
         return self._run(_Operations.post_event(rollout_id, attempt_id, event_type, data))
 
@@ -465,6 +494,10 @@ class GatewayClient(_ClientBase):
     def health(self) -> bool:
         return self._run(_Operations.health())
 
+    def post_run_metrics(self, run_id: str, points: Iterable[Mapping[str, Any]]) -> None:
+        """Post training-step metrics `[{step, metrics: {name: value}, time?}]` for the dashboard."""
+        self._run(_Operations.post_run_metrics(run_id, points))
+
 
 class AsyncGatewayClient(_ClientBase):
     """The same operations as GatewayClient, awaitable."""
@@ -480,7 +513,10 @@ class AsyncGatewayClient(_ClientBase):
     ) -> None:
         super().__init__(base_url, key, timeout, retry or RetryPolicy())
         self._http = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=max_connections), trust_env=False, transport=transport
+            limits=httpx.Limits(max_connections=max_connections),
+            trust_env=False,
+            transport=transport,
+            verify=tls_verify(),
         )
 
     async def aclose(self) -> None:
@@ -539,6 +575,10 @@ class AsyncGatewayClient(_ClientBase):
     async def delete_rollouts(self, rollout_ids: Sequence[str]) -> int:
         """Delete many rollouts in one request (up to 1000; batch route, not in v1.0); how many existed."""
         return await self._run(_Operations.delete_rollouts(rollout_ids))
+
+    async def mint_agent_token(self, rollout_id: str, attempt_id: str) -> AgentToken:
+        """The token of one attempt (controller or admin key; not in v1.0: NotFound there)."""
+        return await self._run(_Operations.mint_agent_token(rollout_id, attempt_id))
 
     async def post_event(
         self, rollout_id: str, attempt_id: str, event_type: str, data: Mapping[str, Any]

@@ -10,6 +10,7 @@ import math
 import time
 from enum import StrEnum
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -76,7 +77,9 @@ class K8sRolloutConfig(BaseModel):
 
 
 class RolloutConfig(BaseModel):
-    timeout_seconds: float = Field(default=600.0, gt=0, description="wall-clock limit for one attempt")
+    timeout_seconds: float = Field(
+        default=3600, gt=0, description="wall-clock limit for one attempt (as v1.0)"
+    )
     local: LocalRolloutConfig | None = None
     k8s: K8sRolloutConfig | None = None
 
@@ -98,7 +101,7 @@ class RolloutStatus(BaseModel):
     k8s_job_name: str | None = None
     last_attempt_id: str | None = None
     error_message: str | None = None
-    version: int = 0
+    version: int = Field(default=1, description="1 at creation; each accepted PATCH adds 1 (as v1.0)")
     created_at: float = Field(default_factory=now)
     updated_at: float = Field(default_factory=now)
     # Additions over v1.0 (optional, ignored by v1.0 clients):
@@ -133,7 +136,7 @@ class RolloutStatusPatch(_Strict):
 
 
 class RolloutPatch(_Strict):
-    status: RolloutStatusPatch
+    status: RolloutStatusPatch | None = None  # none, or no field set: the rollout unchanged (as v1.0)
 
 
 class Attempt(BaseModel):
@@ -145,13 +148,15 @@ class Attempt(BaseModel):
 
 class RolloutDetail(BaseModel):
     rollout: Rollout
-    attempts: list[Attempt] = Field(description="sorted by their first event")
+    attempts: list[str] = Field(description="attempt ids sorted by their first event (as v1.0)")
+    # Addition over v1.0: the same attempts with their event counts and times.
+    attempt_details: list[Attempt] = Field(default_factory=list, description="the attempts, in detail")
 
 
 class TerminalItem(BaseModel):
     rollout_id: str
     state: RolloutState
-    data_id: str | None = None
+    data_id: str = ""
     is_train: bool = True
 
 
@@ -279,6 +284,15 @@ class Model(BaseModel):
     )
     version: int = Field(default=0, ge=0, description="policy version the endpoint serves")
 
+    @field_validator("endpoint")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        # The proxy sends agents' prompts there: nothing but a plain http(s) server.
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"endpoint must be an http:// or https:// URL with a host, got {v!r}")
+        return v
+
 
 class PauseRequest(BaseModel):
     retry_after_seconds: float = Field(default=5.0, ge=0)
@@ -292,5 +306,44 @@ class ProxyState(BaseModel):
     inflight: int
 
 
+class AgentTokenRequest(_Strict):
+    """Ask for the token of one rollout attempt (an addition over v1.0; controller or admin key)."""
+
+    rollout_id: RolloutId
+    attempt_id: AttemptId
+
+
+class AgentToken(BaseModel):
+    token: str = Field(description="the agent's AGL_KEY: valid for this attempt while the rollout is live")
+    rollout_id: str
+    attempt_id: str
+
+
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
+
+
+# --- training runs' metrics (an addition over v1.0: the dashboard's training page) ----------
+
+
+class MetricPoint(_Strict):
+    """One step of a training run: its metrics, as the trainer logs them to its sinks."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    step: int = Field(ge=0)
+    metrics: dict[str, float]
+    time: float | None = Field(default=None, description="when the step ended (unix seconds); default: now")
+
+
+class RunSummary(BaseModel):
+    run_id: str
+    n_points: int
+    last_step: int | None
+    updated_at: float
+    keys: list[str]
+
+
+class RunMetrics(BaseModel):
+    run_id: str
+    points: list[MetricPoint]

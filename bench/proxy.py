@@ -11,7 +11,9 @@ the proxy issue, with the CPU time per call of every process.
 
     .venv/bin/python bench/proxy.py                          # the three issue scenarios
     .venv/bin/python bench/proxy.py --scenarios 64:0.05 --duration 5
+    .venv/bin/python bench/proxy.py --agent-tokens          # also: agents holding their own tokens
     .venv/bin/python bench/proxy.py --gateway-cmd '/other/venv/bin/agl-server proxy.max_connections=100'
+    .venv/bin/python bench/proxy.py --metrics-off     # also a gateway with metrics.enabled=false: the cost of /metrics
 
 A gateway command gets `port=… key=… log_level=warning` appended, and `store.url=` a fresh
 SQLite file unless it sets one.
@@ -59,7 +61,9 @@ TARGETS: dict[tuple[int, float], tuple[float, float | None]] = {
 # --- the load generator (runs in its own process) ----------------------------------------------
 
 
-async def _load(urls: list[str], duration: float, warmup: float, body: bytes) -> dict[str, Any]:
+async def _load(
+    urls: list[str], keys: list[str], duration: float, warmup: float, body: bytes
+) -> dict[str, Any]:
     import aiohttp
 
     latencies: list[float] = []
@@ -69,16 +73,16 @@ async def _load(urls: list[str], duration: float, warmup: float, body: bytes) ->
     completed = total = 0
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     timeout = aiohttp.ClientTimeout(total=600)
-    headers = {"x-api-key": KEY, "Content-Type": "application/json"}
+    headers = {"Content-Type": "application/json"}
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
 
-        async def agent(url: str, start_after: float) -> None:
+        async def agent(url: str, key: str, start_after: float) -> None:
             nonlocal completed, total
             await asyncio.sleep(start_after)
             while time.perf_counter() < window_end:
                 t0 = time.perf_counter()
                 try:
-                    async with session.post(url, data=body) as r:
+                    async with session.post(url, data=body, headers={"x-api-key": key}) as r:
                         await r.read()
                         ok = r.status == 200
                         kind = f"HTTP {r.status}"
@@ -97,7 +101,9 @@ async def _load(urls: list[str], duration: float, warmup: float, body: bytes) ->
         # would, not all in the same millisecond: with a fixed model delay, a synchronized
         # start would go on as waves of N calls at once, a burst test rather than steady state.
         spread = warmup / 2
-        await asyncio.gather(*(agent(u, spread * i / len(urls)) for i, u in enumerate(urls)))
+        await asyncio.gather(
+            *(agent(u, k, spread * i / len(urls)) for i, (u, k) in enumerate(zip(urls, keys, strict=True)))
+        )
     latencies.sort()
     return {
         "completed": completed,
@@ -118,7 +124,8 @@ def worker(args: argparse.Namespace) -> None:
     except ImportError:
         pass
     body = json.dumps({"model": "policy", "messages": MESSAGES, "max_tokens": 32}).encode()
-    result = asyncio.run(_load(spec["urls"], spec["duration"], spec["warmup"], body))
+    keys = spec.get("keys") or [KEY] * len(spec["urls"])
+    result = asyncio.run(_load(spec["urls"], keys, spec["duration"], spec["warmup"], body))
     lat = result.pop("latencies")
     result["p50_ms"] = _pct(lat, 0.50) * 1000
     result["p99_ms"] = _pct(lat, 0.99) * 1000
@@ -132,8 +139,10 @@ def _pct(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(int(q * len(sorted_values)), len(sorted_values) - 1)]
 
 
-def run_load(urls: list[str], duration: float, warmup: float) -> dict[str, Any]:
-    spec = json.dumps({"urls": urls, "duration": duration, "warmup": warmup})
+def run_load(
+    urls: list[str], duration: float, warmup: float, keys: list[str] | None = None
+) -> dict[str, Any]:
+    spec = json.dumps({"urls": urls, "keys": keys, "duration": duration, "warmup": warmup})
     out = subprocess.run(
         pinned([sys.executable, __file__, "--worker"], "others"),
         input=spec,
@@ -198,7 +207,11 @@ def start_gateway(label: str, command: list[str], workdir: Path) -> Gateway:
     return Gateway(label, url, proc)
 
 
-def prepare(gateway: Gateway, model_url: str, n: int, tag: str) -> list[str]:
+def prepare(
+    gateway: Gateway, model_url: str, n: int, tag: str, tokens: bool = False
+) -> tuple[list[str], list[str]]:
+    """n rollouts' proxy URLs, and the key each agent sends: the admin key, or (`tokens`) the
+    agent token of its attempt, as the Controller hands out."""
     with GatewayClient(gateway.url, KEY) as client:
         client.delete_models()
         client.register_models([Model(model="policy", endpoint=f"{model_url}/v1")])
@@ -207,8 +220,9 @@ def prepare(gateway: Gateway, model_url: str, n: int, tag: str) -> list[str]:
             client.create_rollouts(
                 [RolloutCreate(rollout_id=r, input={"i": r}) for r in ids[start : start + 500]]
             )
+        keys = [client.mint_agent_token(r, "a").token for r in ids] if tokens else [KEY] * n
     base = f"{gateway.url}/proxy/rollout/{{}}/attempt/a/mode/train/openai/v1/chat/completions"
-    return [base.format(r) for r in ids]
+    return [base.format(r) for r in ids], keys
 
 
 def cpu_seconds(pid: int) -> float:
@@ -222,18 +236,18 @@ def cpu_seconds(pid: int) -> float:
 
 def recorded(gateway: Gateway, tag: str, n: int) -> int:
     with GatewayClient(gateway.url, KEY, timeout=60) as client:
-        return sum(a.n_events for i in range(n) for a in client.get_rollout(f"{tag}-{i}").attempts)
+        return sum(a.n_events for i in range(n) for a in client.get_rollout(f"{tag}-{i}").attempt_details)
 
 
 # --- the report -----------------------------------------------------------------------------
 
 
 def measure(
-    urls: list[str], args: argparse.Namespace, model: ManagedProcess, gw: Gateway | None
+    urls: list[str], keys: list[str], args: argparse.Namespace, model: ManagedProcess, gw: Gateway | None
 ) -> dict[str, Any]:
     """One load run, with the CPU time per call of each process."""
     before = cpu_seconds(model.pid), cpu_seconds(gw.process.pid) if gw else 0.0
-    result = run_load(urls, args.duration, args.warmup)
+    result = run_load(urls, args.duration, args.warmup, keys)
     calls = max(result["total"], 1)
     model_ms = (cpu_seconds(model.pid) - before[0]) * 1000 / calls
     cpu = f"{result['cpu_ms_per_call']:.2f}/{model_ms:.2f}"
@@ -277,10 +291,20 @@ def main() -> None:
         help="give the gateway CPU 0 to itself and the load generator and model server the others",
     )
     parser.add_argument(
+        "--agent-tokens",
+        action="store_true",
+        help="also run each gateway with agents holding their own agent tokens instead of the admin key",
+    )
+    parser.add_argument(
         "--gateway-cmd",
         action="append",
         default=[],
         help="another gateway command to benchmark side by side (repeatable)",
+    )
+    parser.add_argument(
+        "--metrics-off",
+        action="store_true",
+        help="also run a gateway with metrics.enabled=false and print the metrics on/off throughput ratio",
     )
     args = parser.parse_args()
     if args.worker:
@@ -292,6 +316,10 @@ def main() -> None:
         n, delay = item.split(":")
         scenarios.append((int(n), float(delay)))
     commands = [("ours", [sys.executable, "-m", "agentlightning.server"])]
+    if args.metrics_off:
+        commands.append(
+            ("no-metrics", [sys.executable, "-m", "agentlightning.server", "metrics.enabled=false"])
+        )
     commands += [(f"cmd{i + 1}", shlex.split(c)) for i, c in enumerate(args.gateway_cmd)]
 
     cpus = sorted(os.sched_getaffinity(0))
@@ -330,26 +358,32 @@ def main() -> None:
             model_url, model = start_model(delay, workdir)
             gateways = [start_gateway(label, cmd, workdir) for label, cmd in commands]
             try:
-                paths: dict[str, tuple[list[str], Gateway | None]] = {
-                    "direct": ([f"{model_url}/v1/chat/completions"] * n, None)
+                paths: dict[str, tuple[list[str], list[str], Gateway | None]] = {
+                    "direct": ([f"{model_url}/v1/chat/completions"] * n, [KEY] * n, None)
                 }
+                via_paths: list[tuple[str, Gateway, str]] = []  # (path name, gateway, rollout tag)
                 for gw in gateways:
-                    paths[f"via {gw.label}"] = (prepare(gw, model_url, n, f"bench-{n}-{gw.label}"), gw)
+                    for tokens in (False, True) if args.agent_tokens else (False,):
+                        label = f"{gw.label}+tok" if tokens else gw.label
+                        tag = f"bench-{n}-{label}"
+                        paths[f"via {label}"] = (*prepare(gw, model_url, n, tag, tokens), gw)
+                        via_paths.append((label, gw, tag))
                 runs: dict[str, list[dict[str, Any]]] = {name: [] for name in paths}
                 for _ in range(args.repeat):  # interleaved, so that a change in machine load hits all paths
-                    for name, (urls, gw) in paths.items():
-                        runs[name].append(measure(urls, args, model, gw))
-                direct = median_run(runs["direct"])
+                    for name, (urls, keys, gw) in paths.items():
+                        runs[name].append(measure(urls, keys, args, model, gw))
+                medians = {name: median_run(r) for name, r in runs.items()}
+                direct = medians["direct"]
                 cells = [str(n), f"{delay * 1000:.0f}ms", "direct", f"{direct['rps']:.0f}", "1.00"]
                 cells += [f"{direct['p50_ms']:.1f}", f"{direct['p99_ms']:.1f}", "", ""]
                 cells += [str(direct["errors"]), "", direct["cpu"], ""]
                 print(fmt_row(cells, widths), flush=True)
-                for gw in gateways:
-                    via = median_run(runs[f"via {gw.label}"])
+                for label, gw, tag in via_paths:
+                    via = medians[f"via {label}"]
                     ratio = via["rps"] / direct["rps"] if direct["rps"] else float("nan")
                     added50 = via["p50_ms"] - direct["p50_ms"]
                     added99 = via["p99_ms"] - direct["p99_ms"]
-                    saved = recorded(gw, f"bench-{n}-{gw.label}", n)
+                    saved = recorded(gw, tag, n)
                     verdict = ""
                     target = TARGETS.get((n, delay))
                     if target is not None:
@@ -369,7 +403,7 @@ def main() -> None:
                     cells = [
                         str(n),
                         f"{delay * 1000:.0f}ms",
-                        f"via {gw.label}",
+                        f"via {label}",
                         f"{via['rps']:.0f}",
                         f"{ratio:.2f}",
                     ]
@@ -382,7 +416,18 @@ def main() -> None:
                     cells += [str(via["errors"]), str(saved), via["cpu"], verdict]
                     print(fmt_row(cells, widths), flush=True)
                     if via["error_kinds"]:
-                        print(f"    errors via {gw.label}: {via['error_kinds']}")
+                        print(f"    errors via {label}: {via['error_kinds']}")
+                if args.metrics_off:
+                    on, off = medians["via ours"], medians["via no-metrics"]
+                    ratio = on["rps"] / off["rps"] if off["rps"] else float("nan")
+                    verdict = "PASS" if ratio >= 0.95 else "FAIL"
+                    failures += verdict == "FAIL"
+                    print(
+                        f"    metrics on/off: {on['rps']:.0f} / {off['rps']:.0f} calls/s = {ratio:.3f} "
+                        f"({verdict} >= 0.95); p50 {on['p50_ms']:.1f} / {off['p50_ms']:.1f} ms; "
+                        f"cpu ms/call {on['cpu']} / {off['cpu']}",
+                        flush=True,
+                    )
             finally:
                 for gw in gateways:
                     gw.process.stop()

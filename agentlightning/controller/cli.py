@@ -1,6 +1,6 @@
 """`agl-controller`: run the Rollout Controller.
 
-agl-controller runner_type=local agl_server.url=http://127.0.0.1:8181 agl_server.key=secret
+agl-controller runner_type=local agl_server.url=http://127.0.0.1:8080 agl_server.key=secret
 agl-controller --config my-controller.yaml local_runner.maximum_size=16
 """
 
@@ -19,6 +19,7 @@ from agentlightning.config.loader import load_cli_config
 from agentlightning.controller.config import ControllerConfig, load_controller_config
 from agentlightning.controller.reconciler import Reconciler
 from agentlightning.controller.runner import Runner
+from agentlightning.controller.tokens import AgentKeys
 from agentlightning.log import configure_logging, get_logger
 
 log = get_logger("controller")
@@ -53,7 +54,11 @@ async def run_controller(config: ControllerConfig) -> None:
         timeout=config.agl_server.request_timeout,
         max_connections=8,
     ) as client:
+        runner.agent_keys = AgentKeys(client, config.agl_server.key)
         reconciler = Reconciler(config, runner, client)
+        if config.metrics_port >= 0:
+            port = reconciler.metrics.serve(config.metrics_port, config.metrics_host)
+            log.info("metrics_serving", url=f"http://{config.metrics_host}:{port}/metrics")
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, reconciler.stop, sig.name)

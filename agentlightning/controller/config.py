@@ -13,7 +13,7 @@ RUNNER_TYPES = ("local", "k8s")
 
 @dataclass
 class AglServerConfig:
-    url: str = "http://127.0.0.1:8181"
+    url: str = "http://127.0.0.1:8080"
     agent_url: str = ""
     key: str = ""
     request_timeout: float = 30.0
@@ -21,7 +21,7 @@ class AglServerConfig:
 
 @dataclass
 class LocalRunnerConfig:
-    maximum_size: int = 8
+    maximum_size: int = 50
     poll_interval: float = 1.0
     warm_start: bool = True
     warm_pool_size: int = 4
@@ -37,8 +37,8 @@ class LocalRunnerConfig:
 @dataclass
 class K8sRunnerConfig:
     namespace: str = "default"
-    ttl_after_finished: int = 600
-    max_jobs_per_minute: int = 60
+    ttl_after_finished: int = 1200
+    max_jobs_per_minute: int = 100
     poll_interval: float = 5.0
     max_active_jobs: int = 0
     kubeconfig: str = ""
@@ -57,6 +57,8 @@ class ControllerConfig:
     long_poll_seconds: float = 30.0
     resync_interval: float = 10.0
     shutdown_timeout: float = 15.0
+    metrics_port: int = -1  # GET /metrics for Prometheus on this port; -1: off, 0: any free port
+    metrics_host: str = "127.0.0.1"
     agl_server: AglServerConfig = field(default_factory=AglServerConfig)
     local_runner: LocalRunnerConfig = field(default_factory=LocalRunnerConfig)
     k8s_runner: K8sRunnerConfig = field(default_factory=K8sRunnerConfig)
@@ -70,7 +72,7 @@ class ControllerConfig:
 def _check_url(key: str, value: str) -> None:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"{key} must be an http(s) URL such as http://127.0.0.1:8181, got {value!r}")
+        raise ValueError(f"{key} must be an http(s) URL such as http://127.0.0.1:8080, got {value!r}")
 
 
 def _validate(c: ControllerConfig) -> None:
@@ -80,6 +82,7 @@ def _validate(c: ControllerConfig) -> None:
         (c.long_poll_seconds >= 0, "long_poll_seconds must be >= 0"),
         (c.resync_interval > 0, "resync_interval must be > 0"),
         (c.shutdown_timeout >= 0, "shutdown_timeout must be >= 0"),
+        (-1 <= c.metrics_port < 65536, "metrics_port must be -1 (off), 0 (any free port) or a port"),
         (c.agl_server.request_timeout > 0, "agl_server.request_timeout must be > 0"),
         (c.local_runner.maximum_size >= 1, "local_runner.maximum_size must be at least 1"),
         (c.local_runner.poll_interval > 0, "local_runner.poll_interval must be > 0"),

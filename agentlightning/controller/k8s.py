@@ -199,7 +199,7 @@ class K8sRunner(Runner):
     def claim_fields(self, rollout: Rollout, attempt_id: str) -> dict[str, Any]:
         return {"k8s_job_name": job_name(rollout.rollout_id, attempt_id)}
 
-    def _job_spec(self, rollout: Rollout, attempt_id: str, name: str) -> dict[str, Any]:
+    def _job_spec(self, rollout: Rollout, attempt_id: str, name: str, key: str) -> dict[str, Any]:
         if rollout.config.k8s is None:
             raise JobSpecError("the rollout has no config.k8s.job_template; the k8s runner needs one")
         context = {
@@ -219,13 +219,15 @@ class K8sRunner(Runner):
             attempt_id=attempt_id,
             timeout_seconds=rollout.config.timeout_seconds,
             ttl_after_finished=self.k8s.ttl_after_finished,
-            env=agl_env(self.agent_url, self.key, rollout.rollout_id, attempt_id, rollout.is_train),
+            env=agl_env(self.agent_url, key, rollout.rollout_id, attempt_id, rollout.is_train),
         )
 
     async def launch(self, rollout: Rollout, attempt_id: str) -> Handle:
         name = job_name(rollout.rollout_id, attempt_id)
         try:
-            spec = self._job_spec(rollout, attempt_id, name)
+            spec = self._job_spec(
+                rollout, attempt_id, name, await self.agent_key(rollout.rollout_id, attempt_id)
+            )
         except JobSpecError as exc:
             raise LaunchError(str(exc)) from None
         timeout = rollout.config.timeout_seconds

@@ -267,7 +267,8 @@ class LocalRunner(Runner):
             )
         try:
             parse_agent_class(local.agent_class)
-            env = agent_env(rollout, attempt_id, self.gateway_url, self.key, base=os.environ)
+            key = await self.agent_key(rollout.rollout_id, attempt_id)
+            env = agent_env(rollout, attempt_id, self.gateway_url, key, base=os.environ)
         except (AgentClassError, EnvMapError) as exc:
             raise LaunchError(str(exc)) from None
         files = AttemptFiles(self.log_dir, rollout.rollout_id, attempt_id)

@@ -32,6 +32,7 @@ from agentlightning.client import (
     NotFound,
 )
 from agentlightning.controller.config import ControllerConfig
+from agentlightning.controller.metrics import ControllerMetrics
 from agentlightning.controller.runner import (
     Handle,
     LaunchError,
@@ -101,6 +102,8 @@ class Reconciler:
         self._stop_reason = "the controller shut down"
         self._send_log_path = True
         self._long_poll: bool | None = None
+        self.metrics = ControllerMetrics()
+        self.metrics.track_running(lambda: sum(1 for a in self.active.values() if a.handle is not None))
 
     # --- life cycle ---------------------------------------------------------------------
 
@@ -321,16 +324,22 @@ class Reconciler:
             self._release(active)
 
     async def _attempt(self, active: Active, handle: Handle | None) -> Outcome | None:
+        metrics = self.metrics
         if handle is None:
+            launched = time.perf_counter()
             try:
                 handle = await self.runner.launch(active.rollout, active.attempt_id)
             except LaunchError as exc:
+                metrics.failures.labels("launch").inc()
                 return Outcome.failure(exc.message, exc.retryable)
             except Exception as exc:  # a bug here must not leave the rollout running for ever
+                metrics.failures.labels("launch").inc()
                 log.exception("launch_error", rollout_id=active.rollout_id, attempt_id=active.attempt_id)
                 return Outcome.failure(
                     f"the controller could not start the attempt: {type(exc).__name__}: {exc}"
                 )
+            metrics.starts.inc()
+            metrics.start_latency.observe(time.perf_counter() - launched)
             log.debug(
                 "attempt_started",
                 rollout_id=active.rollout_id,
@@ -343,6 +352,8 @@ class Reconciler:
             if active.stop_reason is None:
                 outcome = await asyncio.wait_for(handle.wait(), max(0.0, handle.deadline - time.time()))
                 if active.stop_reason is None:
+                    if not outcome.succeeded:
+                        metrics.failures.labels("agent").inc()
                     return outcome
             else:
                 await handle.kill()
@@ -351,7 +362,10 @@ class Reconciler:
                 f"timed out after {timeout:g}s (config.timeout_seconds); the agent was stopped"
             )
             log.warning("attempt_timeout", rollout_id=active.rollout_id, attempt_id=active.attempt_id)
+            metrics.failures.labels("timeout").inc()
             await handle.kill()
+            return Outcome.failure(active.stop_reason) if active.report else None
+        metrics.failures.labels("stopped").inc()
         return Outcome.failure(active.stop_reason) if active.report else None
 
     async def _report(self, active: Active, outcome: Outcome) -> None:
@@ -395,6 +409,7 @@ class Reconciler:
                 log.warning("report_failed", rollout_id=rollout_id, error=str(exc), retry_in_s=delay)
                 await asyncio.sleep(delay)
         self.runner.forget(rollout_id, attempt_id)
+        self.metrics.reported.labels(fields["state"].value).inc()
         log.info(
             "rollout_finished",
             rollout_id=rollout_id,

@@ -6,7 +6,7 @@ import abc
 import re
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from agentlightning.schemas import Rollout
 
@@ -65,6 +65,10 @@ class Handle(abc.ABC):
         """Stop the attempt and everything it started; returns once it is gone (or given up on)."""
 
 
+class AgentKeySource(Protocol):
+    async def key_for(self, rollout_id: str, attempt_id: str) -> str: ...
+
+
 class Runner(abc.ABC):
     """Starts attempts and finds them again after a controller restart."""
 
@@ -72,6 +76,15 @@ class Runner(abc.ABC):
     capacity: int | None = None
     #: Whether the controller stops (and fails) running attempts when it shuts down.
     kill_on_shutdown: bool = True
+    #: The controller's Gateway key; agents get a token for their attempt from `agent_keys` instead.
+    key: str = ""
+    agent_keys: AgentKeySource | None = None
+
+    async def agent_key(self, rollout_id: str, attempt_id: str) -> str:
+        """AGL_KEY for an agent: its attempt's token (the controller's key without a source)."""
+        if self.agent_keys is None:
+            return self.key
+        return await self.agent_keys.key_for(rollout_id, attempt_id)
 
     async def start(self) -> None:
         """Connect, warm up. Called once before anything else."""

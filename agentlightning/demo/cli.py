@@ -185,6 +185,7 @@ class Demo:
             raise ProcessFailed(f"the controller exited at start-up:\n{controller.log_tail()}")
         say(
             f"[2/4] Gateway     {self.url} (pid {gateway.pid}, SQLite store, key-protected)\n"
+            f"      Dashboard   {self.url}/ui/#key={self.key}  (open it to watch training live)\n"
             f"      Controller  pid {controller.pid}, local runner, {int(self.cfg.agents_at_once)} "
             "agents at once"
         )

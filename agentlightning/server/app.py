@@ -13,16 +13,19 @@ from omegaconf import DictConfig
 
 from agentlightning import __version__
 from agentlightning.log import get_logger
-from agentlightning.server.auth import KeyAuthMiddleware
+from agentlightning.server.auth import Authenticator, AuthMiddleware
 from agentlightning.server.body_limit import BodyLimitMiddleware
 from agentlightning.server.config import ServerConfig, load_server_config
 from agentlightning.server.errors import install_error_handlers
+from agentlightning.server.metrics import GatewayMetrics
 from agentlightning.server.proxy import routes as proxy
 from agentlightning.server.proxy.asgi import ProxyFastPath
 from agentlightning.server.proxy.runtime import ProxyRuntime
-from agentlightning.server.routes import events, health, models, rollouts
+from agentlightning.server.routes import dashboard, events, health, metrics, models, rollouts, runs, tokens
 from agentlightning.server.state import GatewayState, ModelTable
 from agentlightning.server.store import Store, store_from_url
+from agentlightning.server.store.timed import instrument_store
+from agentlightning.server.ui import mount_ui
 
 log = get_logger("gateway")
 
@@ -40,7 +43,15 @@ _NO_TELEMETRY: dict[str, Any] = (
 # Collect less often, and never walk the objects that exist once the app has started.
 GC_THRESHOLDS = (50_000, 20, 20)
 
-ROUTERS: list[APIRouter] = [health.router, rollouts.router, events.router, models.router, proxy.router]
+ROUTERS: list[APIRouter] = [
+    health.router,
+    rollouts.router,
+    events.router,
+    models.router,
+    tokens.router,
+    proxy.router,
+]
+ROUTERS += [metrics.router, runs.router, dashboard.router]
 
 
 def create_app(
@@ -51,9 +62,20 @@ def create_app(
         config = load_server_config(config)
     if store is None:
         store = store_from_url(config.store.url, config.store.synchronous, config.store.read_threads)
+    gateway_metrics = GatewayMetrics() if config.metrics.enabled else None
+    if gateway_metrics is not None:
+        store = instrument_store(store, gateway_metrics)
     state = GatewayState(
-        config=config, store=store, models=ModelTable(store), proxy=ProxyRuntime(config.proxy)
+        config=config,
+        store=store,
+        models=ModelTable(store),
+        proxy=ProxyRuntime(config.proxy),
+        metrics=gateway_metrics,
+        auth=Authenticator(config.key, config.controller_key, config.token_secret),
     )
+    if gateway_metrics is not None:
+        proxy_runtime = state.proxy
+        gateway_metrics.proxy_state = lambda: (proxy_runtime.inflight, proxy_runtime.paused)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -84,9 +106,10 @@ def create_app(
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
+    mount_ui(app)
     # Last added runs first: auth rejects strangers before any body is read; the proxy's hot
     # path runs after both.
     app.add_middleware(ProxyFastPath, state=state)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
-    app.add_middleware(KeyAuthMiddleware, key=config.key)
+    app.add_middleware(AuthMiddleware, auth=state.auth, load_rollout=store.get_rollout)
     return app

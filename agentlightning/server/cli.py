@@ -1,4 +1,4 @@
-"""`agl-server`: run the API Gateway. `agl-server port=8181 key=secret store.url=memory://`."""
+"""`agl-server`: run the API Gateway. `agl-server port=8080 key=secret store.url=memory://`."""
 
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             backlog=4096,
             # Long-poll reads would otherwise hold a SIGTERM for up to long_poll_max_seconds.
             timeout_graceful_shutdown=3,
+            ssl_certfile=config.tls.certfile or None,
+            ssl_keyfile=config.tls.keyfile or None,
         )
     except StoreLocked as exc:
         print(f"agl-server: {exc}", file=sys.stderr)

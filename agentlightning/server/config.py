@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -17,8 +18,11 @@ class ModeConfig:
 class DefaultProxyConfig:
     model_name: str = "policy"
     include_log_probs: bool = True
+    include_routed_experts: bool = (
+        False  # v1.0's key for MoE routing capture; not supported (must stay false)
+    )
     train: ModeConfig = field(default_factory=lambda: ModeConfig(temperature=1.0))
-    val: ModeConfig = field(default_factory=lambda: ModeConfig(temperature=0.0))
+    val: ModeConfig = field(default_factory=lambda: ModeConfig(temperature=0.7))
 
 
 @dataclass
@@ -64,16 +68,45 @@ class ProxyConfig:
 
 
 @dataclass
+class MetricsConfig:
+    enabled: bool = True  # GET /metrics (Prometheus) and the dashboard's live rates
+
+
+@dataclass
+class TlsConfig:
+    """HTTPS for agl-server: both files set, or neither (plain HTTP)."""
+
+    certfile: str = ""  # PEM certificate (chain)
+    keyfile: str = ""  # PEM private key
+
+    def check(self) -> None:
+        if bool(self.certfile) != bool(self.keyfile):
+            raise ValueError("tls.certfile and tls.keyfile must be set together (or neither)")
+        for name in ("certfile", "keyfile"):
+            path = getattr(self, name)
+            if path and not Path(path).is_file():
+                raise ValueError(f"tls.{name}: no such file: {path}")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.certfile)
+
+
+@dataclass
 class ServerConfig:
     host: str = "127.0.0.1"
-    port: int = 8181
+    port: int = 8080
     key: str = ""
+    controller_key: str = ""
+    token_secret: str = ""
+    tls: TlsConfig = field(default_factory=TlsConfig)
     log_level: str = "info"
     max_body_bytes: int = 64 * 1024 * 1024
     long_poll_max_seconds: float = 60.0
     default_proxy: DefaultProxyConfig = field(default_factory=DefaultProxyConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
 
 def load_server_config(cfg: DictConfig | dict[str, Any] | None = None, **overrides: Any) -> ServerConfig:
@@ -86,4 +119,11 @@ def load_server_config(cfg: DictConfig | dict[str, Any] | None = None, **overrid
     if not 0 < config.port < 65536 and config.port != 0:
         raise ValueError(f"port must be 0..65535, got {config.port}")
     config.proxy.check()
+    config.tls.check()
+    if config.controller_key and not config.key:
+        raise ValueError("controller_key needs key (the admin key) to be set too: without it auth is off")
+    if config.controller_key and config.controller_key == config.key:
+        raise ValueError("controller_key must differ from key")
+    if config.default_proxy.include_routed_experts:
+        raise ValueError("default_proxy.include_routed_experts=true is not supported by this Gateway")
     return config

@@ -18,7 +18,8 @@ async def _validation(request: Request, exc: RequestValidationError) -> Response
     for error in exc.errors():
         if error.get("type") == "json_invalid":
             where = error.get("ctx", {}).get("error", "")
-            return JSONResponse({"detail": f"request body is not valid JSON: {where}".rstrip(": ")}, 400)
+            # 422 as v1.0 (FastAPI's answer there), with a readable message.
+            return JSONResponse({"detail": f"request body is not valid JSON: {where}".rstrip(": ")}, 422)
     return await request_validation_exception_handler(request, exc)
 
 

@@ -7,8 +7,12 @@ from dataclasses import dataclass, field
 from fastapi import Request
 
 from agentlightning.schemas import Model
+from agentlightning.server.auth import Authenticator
 from agentlightning.server.config import ServerConfig
+from agentlightning.server.history import StatusHistory
+from agentlightning.server.metrics import GatewayMetrics
 from agentlightning.server.proxy.runtime import ProxyRuntime
+from agentlightning.server.runs import RunMetricsTable
 from agentlightning.server.signal import ChangeSignal
 from agentlightning.server.store import Store
 
@@ -62,6 +66,11 @@ class GatewayState:
     rollout_changes: ChangeSignal = field(default_factory=ChangeSignal)
     terminal_changes: ChangeSignal = field(default_factory=ChangeSignal)
     proxy: ProxyRuntime = field(default_factory=ProxyRuntime)
+    # The dashboard's and Prometheus' views (server/metrics.py; None when metrics.enabled=false).
+    metrics: GatewayMetrics | None = None
+    runs: RunMetricsTable = field(default_factory=RunMetricsTable)
+    history: StatusHistory = field(default_factory=StatusHistory)
+    auth: Authenticator = field(default_factory=lambda: Authenticator(""))
 
 
 def get_state(request: Request) -> GatewayState:

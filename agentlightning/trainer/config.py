@@ -72,12 +72,13 @@ class AsyncRolloutConfig:
 
 @dataclass
 class AgentLightningConfig:
-    agl_base_url: str = "http://127.0.0.1:8181"
+    agl_base_url: str = "http://127.0.0.1:8080"
     agl_key: str = ""
     model_name: str = "policy"
     rollout_timeout_seconds: float = 600.0
     rollout_grace_seconds: float = 120.0
     keep_rollouts: bool = False
+    hooks: str | None = None  # v1.0: a Python file with one RolloutHooks subclass (agentlightning/hooks.py)
     fetch_concurrency: int = 8
     poll_wait_seconds: float = 30.0
     local: LocalAgentConfig = field(default_factory=LocalAgentConfig)
@@ -231,6 +232,8 @@ def _check_agl(agl: AgentLightningConfig) -> None:
         raise ConfigError(
             "agentlightning.model_name must not be empty: it is the model name the proxy routes by"
         )
+    if agl.hooks and not Path(agl.hooks).is_file():
+        raise ConfigError(f"agentlightning.hooks: no such file: {agl.hooks!r}")
     if agl.local.agent_class is not None and not agl.local.agent_class.strip():
         raise ConfigError("agentlightning.local.agent_class must be module.Class or module:Class, got ''")
 

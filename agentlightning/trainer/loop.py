@@ -147,6 +147,7 @@ class TrainingLoop:
                 project=self.loop.project_name,
                 experiment=self.loop.experiment_name,
                 config=OmegaConf.to_container(self.config, resolve=True),  # type: ignore[arg-type]
+                gateway=manager.client,
             )
             log.info(
                 "training_started",

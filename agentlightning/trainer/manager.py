@@ -39,6 +39,7 @@ from agentlightning.schemas import (
 from agentlightning.trainer.collected import CollectedRollout
 from agentlightning.trainer.config import CoreConfig
 from agentlightning.trainer.gcpause import gc_paused
+from agentlightning.trainer.hooks import HookRunner
 from agentlightning.trainer.publish import EndpointPublisher
 
 log = get_logger("trainer")
@@ -117,6 +118,8 @@ class RolloutManager:
         self._left_wait_at: float | None = None
         self.n_lost_total = 0
         self.n_deleted = 0
+        # v1.0's rollout hooks: around creation (submit) and completion (poll, before the fetch).
+        self.hooks = HookRunner.from_path(agl.hooks, self.client) if agl.hooks else None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -179,15 +182,14 @@ class RolloutManager:
                     "index_in_group": j,
                     "run_id": self.run_id,
                 }
-                specs.append(
-                    RolloutCreate(
-                        rollout_id=rollout_id,
-                        input=sample,
-                        is_train=is_train,
-                        config=self._rollout_config,
-                        metadata=metadata,  # type: ignore[arg-type]  # validated into RolloutMetadata
-                    )
+                spec = RolloutCreate(
+                    rollout_id=rollout_id,
+                    input=sample,
+                    is_train=is_train,
+                    config=self._rollout_config,
+                    metadata=metadata,  # type: ignore[arg-type]  # validated into RolloutMetadata
                 )
+                specs.append(self.hooks.on_enqueue(spec) if self.hooks else spec)
                 pending.append(_Pending(rollout_id, group_id, step, i, j, is_train, sample))
         for start in range(0, len(specs), CREATE_CHUNK):
             try:
@@ -265,7 +267,11 @@ class RolloutManager:
         if not page.items and not polled.long_polled and wait_seconds > 0:
             time.sleep(min(1.0, wait_seconds))  # a Gateway without long-polls answered at once
         if mine:
+            if self.hooks is not None:
+                self.hooks.run_terminal(mine)  # what they write is on the Gateway before the fetch
             self._collect(mine)
+            if self.hooks is not None:
+                self.hooks.collected(mine)
         # Only now: if a fetch failed, the next poll reads the same page again.
         self._cursor = page.next_after
         return len(mine)

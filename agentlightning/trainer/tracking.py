@@ -1,5 +1,9 @@
 """Where a training run's metrics go: the console, a JSONL file, TensorBoard, W&B.
 
+Every step's metrics also go to the Gateway (`POST /api/runs/{experiment}/metrics`) when the
+Tracker is given a Gateway client, so that the dashboard's training page plots the run live;
+a Gateway that cannot take them is reported once and training goes on.
+
 `trainer.logger` lists the sinks, with verl's names where verl has them (`console`,
 `tensorboard`, `wandb`) plus ours (`jsonl`). The console sink is a progress bar with the step,
 the training reward, the last validation reward and the speed; validation results are printed
@@ -20,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from agentlightning.client import GatewayClient
 from agentlightning.log import get_logger
 from agentlightning.trainer.config import ConfigError
 
@@ -55,6 +60,7 @@ class Tracker:
         experiment: str = "run",
         config: Mapping[str, Any] | None = None,
         stream: TextIO | None = None,
+        gateway: GatewayClient | None = None,
     ) -> None:
         unknown = [s for s in sinks if s not in SINKS]
         if unknown:
@@ -64,6 +70,9 @@ class Tracker:
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.total_steps = total_steps
+        self.run_id = experiment
+        self._gateway = gateway
+        self._gateway_failing = False
         self.stream = stream or sys.stderr
         self._last_val: float | None = None
         self._jsonl: TextIO | None = None
@@ -113,6 +122,8 @@ class Tracker:
             self._tb.flush()
         if self._wandb is not None:
             self._wandb.log(clean, step=step)
+        if self._gateway is not None:
+            self._post(clean, step)
         if "val/reward" in clean:
             self._last_val = clean["val/reward"]
             if self._bar is not None:
@@ -125,6 +136,20 @@ class Tracker:
                 postfix["s/step"] = f"{clean['timing/step_s']:.1f}"
             self._bar.set_postfix(postfix, refresh=False)
             self._bar.update(step - self._bar.n)
+
+    def _post(self, metrics: dict[str, float], step: int) -> None:
+        try:
+            self._gateway.post_run_metrics(  # type: ignore[union-attr]
+                self.run_id, [{"step": step, "metrics": metrics, "time": time.time()}]
+            )
+        except Exception as exc:  # the dashboard's view is a convenience: never stop training for it
+            if not self._gateway_failing:
+                log.warning("run_metrics_not_posted", run_id=self.run_id, step=step, error=str(exc))
+            self._gateway_failing = True
+        else:
+            if self._gateway_failing:
+                log.info("run_metrics_posted_again", run_id=self.run_id, step=step)
+            self._gateway_failing = False
 
     def print(self, line: str) -> None:
         """A line above the progress bar (or on the stream when there is none)."""

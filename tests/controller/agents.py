@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -122,3 +123,50 @@ class WaitThenExitAgent:
 
     def run(self) -> None:
         _record_pid_and_wait_for_go()
+
+
+def _call(method: str, url: str, body: object = None) -> int:
+    """Status of one request with this agent's AGL_KEY."""
+    request = urllib.request.Request(
+        url,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {os.environ['AGL_KEY']}"},
+        method=method,
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+class HostileAgent:
+    """Untrusted code with its AGL_KEY: tries what an attacker would, reports the answers it got.
+
+    The victim rollout's id comes in VICTIM (env_map)."""
+
+    def run(self) -> None:
+        gateway = os.environ["AGL_EVENT_URL"].split("/api/rollouts/")[0]
+        victim = os.environ["VICTIM"]
+        victim_attempt = os.environ["VICTIM_ATTEMPT"]
+        tries = {
+            "list": _call("GET", f"{gateway}/api/rollouts"),
+            "read_victim": _call("GET", f"{gateway}/api/rollouts/{victim}/events"),
+            "delete_victim": _call("DELETE", f"{gateway}/api/rollouts/{victim}"),
+            "reward_victim": _call(
+                "POST",
+                f"{gateway}/api/rollouts/{victim}/attempt/{victim_attempt}/events",
+                {"event_type": "reward", "data": {"value": -100.0}},
+            ),
+            "register_model": _call(
+                "POST", f"{gateway}/api/models", [{"model": "policy", "endpoint": "http://127.0.0.1:9/v1"}]
+            ),
+            "pause": _call("POST", f"{gateway}/proxy/pause", {"retry_after_seconds": 60}),
+            "mint": _call("POST", f"{gateway}/api/agent-tokens", {"rollout_id": victim, "attempt_id": "x"}),
+            "victim_proxy": _call(
+                "POST",
+                f"{gateway}/proxy/rollout/{victim}/attempt/{victim_attempt}/mode/train/openai/v1/chat/completions",
+                {"messages": [{"role": "user", "content": "leak"}]},
+            ),
+        }
+        reward(1.0, tries=tries, key_prefix=os.environ["AGL_KEY"].split(".")[0])

@@ -15,6 +15,7 @@ import pytest
 
 from agentlightning.client import GatewayClient
 from agentlightning.procs import ManagedProcess
+from agentlightning.server.auth import TokenSigner
 from tests.conftest import RunningGateway, start_gateway
 from tests.controller.helpers import GATEWAY_OVERRIDES, start_controller, wait_terminal, wait_until
 from tests.controller.k8s_helpers import FakeKubernetes, job_template, start_fake_kubernetes
@@ -119,11 +120,16 @@ def test_rollout_runs_as_a_job_and_reports_to_the_gateway(
     assert labels["agentlightning.io/rollout-id"] == rollout_id
     assert labels["agentlightning.io/attempt-id"] == attempt
     spec = job["spec"]
-    assert spec["backoffLimit"] == 0 and spec["ttlSecondsAfterFinished"] == 600
+    assert spec["backoffLimit"] == 0 and spec["ttlSecondsAfterFinished"] == 1200
     assert spec["activeDeadlineSeconds"] == math.ceil(42.5)
     assert spec["template"]["spec"]["restartPolicy"] == "Never"
     env = {e["name"]: e.get("value") for e in spec["template"]["spec"]["containers"][0]["env"]}
-    assert env["AGL_KEY"] == KEY and env["AGL_EVENT_URL"].startswith(agent_url(gw))
+    assert env["AGL_EVENT_URL"].startswith(agent_url(gw))
+    # The pod got a token for its own attempt, signed by the Gateway, not the controller's key.
+    assert env["AGL_KEY"] != KEY and TokenSigner.from_config(KEY, "").verify(env["AGL_KEY"]) == (
+        rollout_id,
+        attempt,
+    )
     assert any(c["type"] == "Complete" for c in job["status"]["conditions"])
 
 

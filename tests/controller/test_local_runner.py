@@ -198,3 +198,41 @@ def test_module_that_starts_threads_runs_in_a_fresh_interpreter(client: GatewayC
     assert status.state == "succeeded", status.error_message
     [info] = reward_events(client, rollout_id)
     assert info["import_pid"] == info["pid"]  # imported by the agent process itself
+
+
+def test_a_hostile_agent_holds_only_its_own_token(client: GatewayClient, tmp_path: Path) -> None:
+    """The agent's AGL_KEY is a token for its attempt: against another running rollout, the
+    models and the proxy, every attempt fails and nothing changes; its own reward goes through."""
+    pid_file, go_file = tmp_path / "victim.pid", tmp_path / "go"
+    victim = create(
+        client,
+        local_config(f"{AGENTS}:WaitForFileAgent", PID_FILE="input.pid", GO_FILE="input.go"),
+        {"pid": str(pid_file), "go": str(go_file)},
+    )
+    wait_until(pid_file.exists, what="the victim agent to start")
+    victim_attempt = client.get_rollout(victim).rollout.status.last_attempt_id
+    models = client.list_models()
+    hostile = create(
+        client,
+        local_config(f"{AGENTS}:HostileAgent", VICTIM="input.victim", VICTIM_ATTEMPT="input.attempt"),
+        {"victim": victim, "attempt": victim_attempt},
+    )
+    status = wait_terminal(client, [hostile])[hostile].status
+    assert status.state == "succeeded", status.error_message
+    [report] = reward_events(client, hostile)
+    assert report["key_prefix"] == "agl1"  # a token, not the controller's key
+    assert set(report["tries"]) >= {
+        "delete_victim",
+        "reward_victim",
+        "register_model",
+        "pause",
+        "victim_proxy",
+    }
+    assert all(code in (401, 403) for code in report["tries"].values()), report["tries"]
+    # Nothing changed: the victim still runs with no events, models and proxy as they were.
+    assert client.get_rollout(victim).rollout.status.state == "running"
+    assert client.get_events(victim) == []
+    assert client.list_models() == models and client.proxy_state().paused is False
+    go_file.touch()
+    assert wait_terminal(client, [victim])[victim].status.state == "succeeded"
+    assert [e["value"] for e in reward_events(client, victim)] == [1.0]

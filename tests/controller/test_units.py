@@ -201,13 +201,13 @@ def test_attempt_ids_carry_their_number() -> None:
 def test_default_config_has_the_v1_keys() -> None:
     config = load_controller_config(load_cli_config("controller", [], prog="agl-controller"))
     assert config.runner_type == "local" and config.max_attempts == 1
-    assert config.agl_server.url == "http://127.0.0.1:8181" and config.agl_server.agent_url == ""
-    assert config.local_runner.maximum_size == 8 and config.local_runner.poll_interval == 1.0
+    assert config.agl_server.url == "http://127.0.0.1:8080" and config.agl_server.agent_url == ""
+    assert config.local_runner.maximum_size == 50 and config.local_runner.poll_interval == 1.0
     k8s = config.k8s_runner
     assert (k8s.namespace, k8s.ttl_after_finished, k8s.max_jobs_per_minute, k8s.poll_interval) == (
         "default",
-        600,
-        60,
+        1200,
+        100,
         5.0,
     )
 

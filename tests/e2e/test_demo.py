@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
+
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
 from tests.controller.helpers import REPO, pid_alive
 
@@ -90,6 +92,14 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     run.wait_for("[3/4] Trainer", timeout=90)
     pids = run.pids()
     assert len(pids) == 3
+    # The dashboard link the demo printed opens the page, and its key reads the Gateway.
+    (link,) = [m for line in run.lines for m in re.findall(r"Dashboard\s+(http://\S+/ui/)#key=(\S+)", line)]
+    url, key = link
+    assert httpx.get(url, timeout=30).text.startswith("<!doctype html>")
+    overview = httpx.get(
+        url.replace("/ui/", "/api/dashboard/overview"), headers={"x-api-key": key}, timeout=30
+    )
+    assert overview.status_code == 200 and "counts" in overview.json(), overview.text
     time.sleep(3)  # let rollouts start
     run.proc.send_signal(signal.SIGINT)
     assert run.finish(timeout=60) == 130

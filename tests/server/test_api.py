@@ -80,8 +80,8 @@ def test_create_assigns_ids_and_defaults(api: TestClient) -> None:
     [r] = create(api, {"input": {"question": "1+1"}})
     assert len(r["rollout_id"]) == 32
     assert r["is_train"] is True
-    assert r["config"]["timeout_seconds"] == 600.0
-    assert r["status"]["state"] == "queuing" and r["status"]["version"] == 0
+    assert r["config"]["timeout_seconds"] == 3600
+    assert r["status"]["state"] == "queuing" and r["status"]["version"] == 1
     assert r["status"]["created_at"] == r["status"]["updated_at"] > 0
 
 
@@ -101,7 +101,7 @@ def test_create_with_existing_id_returns_stored_rollout_unchanged(api: TestClien
 
 def test_create_rejects_bad_bodies_with_messages(api: TestClient) -> None:
     r = api.post("/api/rollouts", content=b"[{", headers={"content-type": "application/json"})
-    assert r.status_code == 400 and "not valid JSON" in r.json()["detail"]
+    assert r.status_code == 422 and "not valid JSON" in r.json()["detail"]
     r = api.post("/api/rollouts", json={"input": 1})
     assert r.status_code == 422 and "list" in str(r.json()["detail"])
     r = api.post("/api/rollouts", json=[{"rollout_id": "has/slash"}])
@@ -122,7 +122,8 @@ def test_list_filters_by_state_and_limit(api: TestClient) -> None:
     assert len(api.get("/api/rollouts").json()) == 5
     r = api.get("/api/rollouts", params={"state_in": "paused"})
     assert r.status_code == 422 and "queuing" in str(r.json()["detail"])
-    assert api.get("/api/rollouts", params={"limit": 0}).status_code == 422
+    assert api.get("/api/rollouts", params={"limit": 0}).json() == []  # as v1.0
+    assert len(api.get("/api/rollouts", params={"limit": 10**9}).json()) == 5  # clamped, not refused
 
 
 def test_get_rollout_with_attempts_sorted_by_first_event(api: TestClient) -> None:
@@ -133,7 +134,12 @@ def test_get_rollout_with_attempts_sorted_by_first_event(api: TestClient) -> Non
     api.patch("/api/rollouts/r", json={"status": {"state": "running", "last_attempt_id": "a3"}})
     body = api.get("/api/rollouts/r").json()
     assert body["rollout"]["status"]["last_attempt_id"] == "a3"
-    assert [(a["attempt_id"], a["n_events"]) for a in body["attempts"]] == [("a2", 2), ("a1", 1), ("a3", 0)]
+    assert body["attempts"] == ["a2", "a1"]  # ids of the attempts with events, as v1.0
+    assert [(a["attempt_id"], a["n_events"]) for a in body["attempt_details"]] == [
+        ("a2", 2),
+        ("a1", 1),
+        ("a3", 0),
+    ]
     r = api.get("/api/rollouts/nope")
     assert r.status_code == 404 and "nope" in r.json()["detail"]
 
@@ -141,17 +147,17 @@ def test_get_rollout_with_attempts_sorted_by_first_event(api: TestClient) -> Non
 def test_patch_state_machine(api: TestClient) -> None:
     create(api, {"rollout_id": "r"})
     r = api.patch("/api/rollouts/r", json={"status": {"state": "running", "last_attempt_id": "a1"}})
-    assert r.status_code == 200 and r.json()["status"]["version"] == 1
+    assert r.status_code == 200 and r.json()["status"]["version"] == 2
     r = api.patch("/api/rollouts/r", json={"status": {"k8s_job_name": "job-1", "log_path": "/tmp/x.log"}})
-    assert r.json()["status"]["version"] == 2 and r.json()["status"]["k8s_job_name"] == "job-1"
+    assert r.json()["status"]["version"] == 3 and r.json()["status"]["k8s_job_name"] == "job-1"
     r = api.patch("/api/rollouts/r", json={"status": {"state": "queuing"}})
     assert r.status_code == 409 and "running to queuing" in r.json()["detail"]
     r = api.patch("/api/rollouts/r", json={"status": {"state": "succeeded"}})
-    assert r.status_code == 200 and r.json()["status"]["version"] == 3
+    assert r.status_code == 200 and r.json()["status"]["version"] == 4
     for state in ["running", "failed", "succeeded"]:
         r = api.patch("/api/rollouts/r", json={"status": {"state": state}})
         assert r.status_code == 409 and "terminal" in r.json()["detail"]
-    assert api.get("/api/rollouts/r").json()["rollout"]["status"]["version"] == 3
+    assert api.get("/api/rollouts/r").json()["rollout"]["status"]["version"] == 4
 
 
 def test_patch_with_null_state_changes_only_the_other_fields(api: TestClient) -> None:
@@ -171,7 +177,7 @@ def test_patch_rejects_unknown_fields_states_and_ids(api: TestClient) -> None:
     assert r.status_code == 422
     r = api.patch("/api/rollouts/ghost", json={"status": {"state": "running"}})
     assert r.status_code == 404
-    assert api.get("/api/rollouts/r").json()["rollout"]["status"]["version"] == 0
+    assert api.get("/api/rollouts/r").json()["rollout"]["status"]["version"] == 1
 
 
 def test_delete_is_idempotent_and_removes_events(api: TestClient) -> None:
@@ -191,13 +197,16 @@ def test_terminal_cursor(api: TestClient) -> None:
         api.patch(f"/api/rollouts/{rid}", json={"status": {"state": "running"}})
         api.patch(f"/api/rollouts/{rid}", json={"status": {"state": final}})
     page = api.get("/api/rollouts/terminal", params={"after": 0, "limit": 1}).json()
-    assert page["items"] == [{"rollout_id": "b", "state": "failed", "data_id": None, "is_train": False}]
+    assert page["items"] == [{"rollout_id": "b", "state": "failed", "data_id": "", "is_train": False}]
     assert page["total_terminal"] == 2
     page2 = api.get("/api/rollouts/terminal", params={"after": page["next_after"]}).json()
     assert page2["items"] == [{"rollout_id": "a", "state": "succeeded", "data_id": "p1", "is_train": True}]
     page3 = api.get("/api/rollouts/terminal", params={"after": page2["next_after"]}).json()
     assert page3["items"] == [] and page3["next_after"] == page2["next_after"]
-    assert api.get("/api/rollouts/terminal", params={"after": -1}).status_code == 422
+    clamped = api.get("/api/rollouts/terminal", params={"after": -1, "limit": 0}).json()  # as v1.0
+    assert clamped["items"] == page["items"] and clamped["next_after"] == 1
+    huge = api.get("/api/rollouts/terminal", params={"limit": 10**9, "after": 0}).json()
+    assert len(huge["items"]) == 2  # clamped, not refused (as v1.0)
 
 
 def test_post_event_and_read_last_attempt(api: TestClient) -> None:
@@ -223,7 +232,7 @@ def test_events_of_a_rollout_without_events(api: TestClient) -> None:
     create(api, {"rollout_id": "r"})
     assert api.get("/api/rollouts/r/events").json() == []
     assert api.get("/api/rollouts/r/events", params={"format": "triplet"}).json() == []
-    assert api.get("/api/rollouts/r/events", params={"format": "xml"}).status_code == 422
+    assert api.get("/api/rollouts/r/events", params={"format": "xml"}).json() == []  # raw, as v1.0
 
 
 def test_event_validation(api: TestClient) -> None:
@@ -252,7 +261,7 @@ def test_event_validation(api: TestClient) -> None:
         content=b'{"event_type": "x", "data": {"s": "\\udb35"}}',
         headers={"content-type": "application/json"},
     )
-    assert r.status_code == 400 and "not valid JSON" in r.json()["detail"]
+    assert r.status_code == 422 and "not valid JSON" in r.json()["detail"]
     r = api.post("/api/rollouts/ghost/attempt/a/events", json={"event_type": "log", "data": {}})
     assert r.status_code == 404 and "ghost" in r.json()["detail"]
     assert api.get("/api/rollouts/r/events").json() == []

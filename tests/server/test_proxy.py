@@ -137,7 +137,9 @@ def test_val_mode_and_completions_rewrites(
     rollout_id = new_rollout(client)
     sdk(gw, rollout_id, "val").chat.completions.create(model="m", messages=USER, temperature=0.9)
     val = fake.requests[-1]["body"]
-    assert val["temperature"] == 0.0 and val["return_token_ids"] is True and "logprobs" not in val
+    assert (
+        val["temperature"] == 0.7 and val["return_token_ids"] is True and "logprobs" not in val
+    )  # v1.0 default
 
     completion = sdk(gw, rollout_id).completions.create(model="m", prompt="two plus two is")
     upstream = fake.requests[-1]["body"]

@@ -69,10 +69,10 @@ async def test_list_filters_states_in_creation_order_with_limit(store: Store) ->
 async def test_patch_bumps_version_and_enforces_transitions(store: Store) -> None:
     await store.create_rollouts([rollout("a")])
     r = await store.patch_rollout("a", patch(state="running", last_attempt_id="x1"), 10.0)
-    assert r.status.version == 1 and r.status.updated_at == 10.0 and r.status.last_attempt_id == "x1"
+    assert r.status.version == 2 and r.status.updated_at == 10.0 and r.status.last_attempt_id == "x1"
     r = await store.patch_rollout("a", patch(k8s_job_name="job-a"), 11.0)
     assert (
-        r.status.version == 2 and r.status.state == RolloutState.RUNNING and r.status.last_attempt_id == "x1"
+        r.status.version == 3 and r.status.state == RolloutState.RUNNING and r.status.last_attempt_id == "x1"
     )
     r = await store.patch_rollout("a", patch(state="failed", error_message="boom"), 12.0)
     assert r.status.state == RolloutState.FAILED and r.status.error_message == "boom"
@@ -81,7 +81,7 @@ async def test_patch_bumps_version_and_enforces_transitions(store: Store) -> Non
     with pytest.raises(IllegalTransition):
         await store.patch_rollout("a", patch(error_message="changed"), 13.0)
     stored = await store.get_rollout("a")
-    assert stored is not None and stored.status.version == 3 and stored.status.error_message == "boom"
+    assert stored is not None and stored.status.version == 4 and stored.status.error_message == "boom"
     with pytest.raises(RolloutNotFound):
         await store.patch_rollout("missing", patch(state="running"), 1.0)
 
@@ -90,7 +90,7 @@ async def test_queuing_cannot_jump_to_succeeded(store: Store) -> None:
     await store.create_rollouts([rollout("a")])
     with pytest.raises(IllegalTransition, match="queuing to succeeded"):
         await store.patch_rollout("a", patch(state="succeeded"), 1.0)
-    assert (await store.get_rollout("a")).status.version == 0  # type: ignore[union-attr]
+    assert (await store.get_rollout("a")).status.version == 1  # type: ignore[union-attr]
 
 
 async def test_terminal_cursor_is_completion_order(store: Store) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import openai
@@ -26,6 +26,11 @@ QUESTION = [{"role": "user", "content": "Ann has 7 apples and gets 5 more. How m
 
 def question(n: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"Ann has {n} apples and gets 2 more. How many apples now?"}]
+
+
+@pytest.fixture
+def gateway(gateway_factory: Callable[..., RunningGateway]) -> RunningGateway:
+    return gateway_factory("default_proxy.val.temperature=0.0")  # greedy val calls (the default is 0.7)
 
 
 @pytest.fixture
@@ -69,7 +74,7 @@ def test_recorded_log_probs_match_a_fresh_forward_pass(
 def test_streamed_and_plain_answers_are_the_same_tokens_at_temperature_zero(
     gateway: RunningGateway, client: GatewayClient
 ) -> None:
-    plain_id, llm = agent(gateway, client, "val")  # val mode: the Gateway sets temperature 0
+    plain_id, llm = agent(gateway, client, "val")  # val mode: this Gateway sets temperature 0
     plain = llm.chat.completions.create(model="anything", messages=QUESTION, max_tokens=24)
     streamed_id, llm = agent(gateway, client, "val")
     chunks = llm.chat.completions.create(model="anything", messages=QUESTION, max_tokens=24, stream=True)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
@@ -118,6 +119,12 @@ def test_run_ppo_trains_validates_publishes_and_checkpoints(
     state = load_loop_state(latest)
     assert (state["step"], state["version"], state["data"]["position"]) == (2, 2, 2 * BATCH)
     assert load_policy_state(latest)["policy"]["steps"] == 2
+    # Every step's metrics also went to the Gateway, for the dashboard: the same as the JSONL.
+    posted = httpx.get(f"{gateway.url}/api/runs/run/metrics", headers={"x-api-key": gateway.key})
+    points = posted.json()["points"]
+    assert [p["step"] for p in points] == [0, 1, 2]
+    for point, record in zip(points, records, strict=True):
+        assert point["metrics"] == {k: v for k, v in record.items() if k not in ("step", "time")}
 
 
 def test_resume_after_a_crash_continues_step_count_and_data_order(

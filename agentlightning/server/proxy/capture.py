@@ -41,6 +41,8 @@ class CallRecord:
             "status": "ok",
             "error": None,
             "retries": 0,
+            "retry_count": 0,
+            "routed_experts": None,  # v1.0's MoE routing capture, not supported
             "usage": None,
             "finish_reason": None,
             "stream": stream,
@@ -61,9 +63,10 @@ class CallRecord:
         d = self.data
         d["http_status"] = http_status
         d["latency_ms"] = round(latency_ms, 3)
-        d["retries"] = max(tries - 1, 0)
+        d["retries"] = d["retry_count"] = max(tries - 1, 0)  # retry_count: v1.0's name
         if model is not None:
             d["server"] = {"model": model.model, "endpoint": model.endpoint, "version": model.version}
+            d["model"], d["model_version"] = model.model, model.version  # v1.0's copies of server
         if isinstance(response, dict):
             d["response"] = response
             d["usage"] = response.get("usage")

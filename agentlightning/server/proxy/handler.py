@@ -39,6 +39,8 @@ async def handle_call(
         return error_answer(404, f"unknown mode '{mode}' in the proxy URL: use train or val", "not_found")
     runtime = state.proxy
     if runtime.paused:
+        if state.metrics is not None:
+            state.metrics.paused_answer(mode)
         return paused_answer(runtime.retry_after_seconds, runtime.reason)
     # Counted from here, with no await since the pause check: a drain cannot miss this call.
     runtime.inflight += 1
@@ -65,8 +67,17 @@ async def _call(
     started = time.perf_counter()
     runtime = state.proxy
 
+    upstream_s: float | None = None
+    record: CallRecord | None = None
+    metrics = state.metrics
+
     def done() -> None:
         runtime.inflight -= 1
+        if metrics is not None and record is not None:  # after the answer's last byte
+            d = record.data
+            metrics.observe_call(
+                mode, d["http_status"] or 0, time.perf_counter() - started, upstream_s, d["retries"]
+            )
 
     def rollout_gone() -> None:
         runtime.forget(rollout_id)
@@ -94,6 +105,7 @@ async def _call(
         orjson.dumps({**body, **params}),
         stream,
     )
+    upstream_s = time.perf_counter() - started
     if forwarded.stream is not None:
         return StreamAnswer(
             forwarded, record, state.store, started, wants_usage_chunk(body), done, rollout_gone

@@ -74,7 +74,9 @@ async def get_events(
     rollout_id: str,
     state: State,
     event_type: Annotated[str | None, Query()] = None,
-    format: Annotated[Literal["raw", "triplet"], Query(description="triplet: the training view")] = "raw",
+    format: Annotated[
+        str, Query(description="triplet: the training view; anything else: raw (as v1.0)")
+    ] = "raw",
     attempt_id: Annotated[str | None, Query(description="an attempt other than the last one")] = None,
 ) -> Response:
     rollout = await state.store.get_rollout(rollout_id)

@@ -37,6 +37,13 @@ WaitSeconds = Annotated[
     ),
 ]
 LONG_POLL_HEADER = "X-Agl-Long-Poll"
+# Pages are capped at this many rows; a larger `limit` is clamped, never refused (v1.0 accepts any).
+MAX_PAGE = 10000
+Limit = Annotated[int, Query(description=f"page size; values above {MAX_PAGE} are clamped to {MAX_PAGE}")]
+
+
+def clamp_limit(limit: int, least: int) -> int:
+    return max(least, min(limit, MAX_PAGE))
 
 
 def _new_rollout(spec: RolloutCreate, at: float) -> Rollout:
@@ -54,6 +61,8 @@ def _new_rollout(spec: RolloutCreate, at: float) -> Rollout:
 async def create_rollouts(body: list[RolloutCreate], state: State) -> list[Rollout]:
     at = now()
     created = await state.store.create_rollouts([_new_rollout(spec, at) for spec in body])
+    for rollout in created:
+        state.history.record(rollout)
     state.rollout_changes.notify()
     return created
 
@@ -63,13 +72,14 @@ async def list_rollouts(
     state: State,
     response: Response,
     state_in: Annotated[list[RolloutState] | None, Query()] = None,
-    limit: Annotated[int, Query(ge=1, le=10000)] = 500,
+    limit: Limit = 500,
     wait_seconds: WaitSeconds = 0,
 ) -> list[Rollout]:
     states = set(state_in) if state_in else None
+    limit = clamp_limit(limit, 0)  # 0: an empty page, as v1.0
 
     async def query() -> list[Rollout]:
-        return await state.store.list_rollouts(states, limit)
+        return await state.store.list_rollouts(states, limit) if limit else []
 
     if wait_seconds <= 0:
         return await query()
@@ -82,10 +92,12 @@ async def list_rollouts(
 async def terminal_rollouts(
     state: State,
     response: Response,
-    after: Annotated[int, Query(ge=0, description="cursor: next_after of the previous page")] = 0,
-    limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
+    after: Annotated[int, Query(description="cursor: next_after of the previous page")] = 0,
+    limit: Limit = 1000,
     wait_seconds: WaitSeconds = 0,
 ) -> TerminalPage:
+    after, limit = max(after, 0), clamp_limit(limit, 1)  # as v1.0: out-of-range values are clamped
+
     async def query() -> TerminalPage:
         return await state.store.list_terminal(after, limit)
 
@@ -111,15 +123,22 @@ async def get_rollout(rollout_id: str, state: State) -> RolloutDetail:
         )
         for s in stats
     ]
+    ids = [a.attempt_id for a in attempts]  # as v1.0: the attempts that have events
     last = rollout.status.last_attempt_id
-    if last is not None and all(a.attempt_id != last for a in attempts):
+    if last is not None and last not in ids:
         attempts.append(Attempt(attempt_id=last, n_events=0))  # started, nothing recorded yet
-    return RolloutDetail(rollout=rollout, attempts=attempts)
+    return RolloutDetail(rollout=rollout, attempts=ids, attempt_details=attempts)
 
 
 @router.patch("/{rollout_id}", response_model=Rollout)
 async def patch_rollout(rollout_id: str, body: RolloutPatch, state: State) -> Rollout:
+    if body.status is None or not body.status.model_fields_set:
+        current = await state.store.get_rollout(rollout_id)  # nothing to change, no new version
+        if current is None:
+            raise RolloutNotFound(rollout_id)
+        return current
     updated = await state.store.patch_rollout(rollout_id, body.status, now())
+    state.history.record(updated)
     state.rollout_changes.notify()
     if updated.status.state.is_terminal and body.status.state is not None:
         state.terminal_changes.notify()

@@ -57,6 +57,16 @@ class AttemptStats:
     last_event_at: float
 
 
+def group_id_of(rollout: Rollout) -> str:
+    """The terminal cursor's `data_id`: metadata.data_id (ours), else input.data_id or
+    input.instance_id (v1.0's), else "" (as v1.0)."""
+    if rollout.metadata.data_id:
+        return rollout.metadata.data_id
+    if isinstance(rollout.input, dict):
+        return str(rollout.input.get("data_id") or rollout.input.get("instance_id") or "")
+    return ""
+
+
 def apply_patch(rollout: Rollout, patch: RolloutStatusPatch, now: float) -> Rollout:
     """The patched copy of a rollout, version + 1. Raises IllegalTransition."""
     status = rollout.status
@@ -105,6 +115,34 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def list_terminal(self, after: int, limit: int) -> TerminalPage:
         """Terminal rollouts in completion order, after the cursor `after`."""
+
+    async def page_rollouts(
+        self,
+        states: Collection[RolloutState] | None,
+        is_train: bool | None,
+        search: str,
+        offset: int,
+        limit: int,
+    ) -> tuple[int, list[Rollout]]:
+        """Newest first, for the dashboard: (how many match, one page of them). `search` matches
+        part of the rollout id or data id, case-insensitively."""
+        found = await self.list_rollouts(states, 2**62)
+        needle = search.lower()
+        found = [
+            r
+            for r in found
+            if (is_train is None or r.is_train == is_train)
+            and (not needle or needle in r.rollout_id.lower() or needle in (r.metadata.data_id or "").lower())
+        ]
+        found.reverse()
+        return len(found), found[offset : offset + limit]
+
+    async def count_by_state(self) -> dict[str, int]:
+        """How many rollouts are in each state (for metrics and the dashboard)."""
+        counts: dict[str, int] = {}
+        for rollout in await self.list_rollouts(None, 2**62):
+            counts[rollout.status.state.value] = counts.get(rollout.status.state.value, 0) + 1
+        return counts
 
     # events
     @abc.abstractmethod

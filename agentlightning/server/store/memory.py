@@ -21,6 +21,7 @@ from agentlightning.server.store.base import (
     Store,
     StoredEvent,
     apply_patch,
+    group_id_of,
 )
 
 
@@ -106,7 +107,7 @@ class MemoryStore(Store):
                 TerminalItem(
                     rollout_id=rollout_id,
                     state=rollout.status.state,
-                    data_id=rollout.metadata.data_id,
+                    data_id=group_id_of(rollout),
                     is_train=rollout.is_train,
                 )
             )

@@ -36,6 +36,7 @@ from agentlightning.server.store.base import (
     Store,
     StoredEvent,
     apply_patch,
+    group_id_of,
 )
 
 T = TypeVar("T")
@@ -369,7 +370,7 @@ class SqliteStore(Store):
             (
                 r.rollout_id,
                 r.status.state.value,
-                r.metadata.data_id,
+                group_id_of(r),
                 int(r.is_train),
                 r.model_dump_json().encode(),
             )
@@ -411,6 +412,46 @@ class SqliteStore(Store):
         rows = await self._read(lambda c: c.execute(sql, args).fetchall())
         return [Rollout.model_validate_json(r[0]) for r in rows]
 
+    async def page_rollouts(
+        self,
+        states: Collection[RolloutState] | None,
+        is_train: bool | None,
+        search: str,
+        offset: int,
+        limit: int,
+    ) -> tuple[int, list[Rollout]]:
+        where, args = ["1"], []
+        if states is not None:
+            where.append(f"state IN ({','.join('?' * len(states))})")
+            args += [s.value for s in states]
+        if is_train is not None:
+            where.append("is_train=?")
+            args.append(int(is_train))
+        if search:
+            pattern = "%" + search.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            where.append(
+                "(lower(rollout_id) LIKE ? ESCAPE '\\' OR lower(coalesce(data_id, '')) LIKE ? ESCAPE '\\')"
+            )
+            args += [pattern, pattern]
+        condition = " AND ".join(where)
+
+        def query(c: sqlite3.Connection) -> tuple[int, list[bytes]]:
+            total = c.execute(f"SELECT count(*) FROM rollouts WHERE {condition}", args).fetchone()[0]
+            rows = c.execute(
+                f"SELECT body FROM rollouts WHERE {condition} ORDER BY seq DESC LIMIT ? OFFSET ?",
+                [*args, limit, offset],
+            ).fetchall()
+            return total, [r[0] for r in rows]
+
+        total, bodies = await self._read(query)
+        return total, [Rollout.model_validate_json(b) for b in bodies]
+
+    async def count_by_state(self) -> dict[str, int]:
+        rows = await self._read(
+            lambda c: c.execute("SELECT state, count(*) FROM rollouts GROUP BY state").fetchall()
+        )
+        return {state: n for state, n in rows}
+
     async def patch_rollout(self, rollout_id: str, patch: RolloutStatusPatch, now: float) -> Rollout:
         def op(conn: sqlite3.Connection) -> Rollout:
             row = conn.execute("SELECT body FROM rollouts WHERE rollout_id=?", (rollout_id,)).fetchone()
@@ -447,7 +488,9 @@ class SqliteStore(Store):
             return rows, total
 
         rows, total = await self._read(op)
-        items = [TerminalItem(rollout_id=r[1], state=r[2], data_id=r[3], is_train=bool(r[4])) for r in rows]
+        items = [
+            TerminalItem(rollout_id=r[1], state=r[2], data_id=r[3] or "", is_train=bool(r[4])) for r in rows
+        ]
         return TerminalPage(items=items, next_after=rows[-1][0] if rows else after, total_terminal=total)
 
     # --- events ---------------------------------------------------------------------------

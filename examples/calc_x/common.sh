@@ -1,0 +1,76 @@
+# shellcheck shell=bash
+# Shared by run_local.sh and run_minikube.sh: start processes in the background, remember their
+# ids, stop exactly those on exit or Ctrl-C (never by name), wait for the Gateway's /healthz.
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+PYTHON="${PYTHON:-$REPO/.venv/bin/python}"  # Gateway, Controller, trainer
+PORT="${AGL_PORT:-8181}"
+RUN_DIR="${RUN_DIR:-$HERE/.run}"
+URL="http://127.0.0.1:$PORT"
+PIDS=()
+
+[[ -x "$PYTHON" ]] || { echo "$(basename "$0"): $PYTHON not found (run 'make venv' in $REPO)" >&2; exit 2; }
+KEY="${AGL_KEY:-$("$PYTHON" -c 'import secrets; print(secrets.token_urlsafe(24))')}"
+mkdir -p "$RUN_DIR"
+
+# shellcheck disable=SC2329  # called by the EXIT trap
+cleanup() {
+  trap - EXIT INT TERM
+  local pid i
+  # Newest first: the trainer, then the Controller (it stops its agents), then the Gateway.
+  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+    pid="${PIDS[i]}"
+    kill -TERM "$pid" 2>/dev/null || continue
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# start_gateway [key=value ...]: agl-server on $PORT with $KEY, its log in $RUN_DIR/gateway.log.
+start_gateway() {
+  "$PYTHON" -m agentlightning.server port="$PORT" key="$KEY" \
+    store.url="sqlite:///$RUN_DIR/gateway.db" "$@" >"$RUN_DIR/gateway.log" 2>&1 &
+  PIDS+=($!)
+  if ! "$PYTHON" - "$URL/healthz" <<'PY'
+import sys, time, urllib.request
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    try:
+        with urllib.request.urlopen(sys.argv[1], timeout=2) as r:
+            if r.status == 200:
+                sys.exit(0)
+    except OSError:
+        pass
+    time.sleep(0.5)
+sys.exit(1)
+PY
+  then
+    echo "$(basename "$0"): the Gateway did not answer $URL/healthz within 60 s; log:" >&2
+    tail -n 20 "$RUN_DIR/gateway.log" >&2
+    exit 1
+  fi
+  echo "Gateway     $URL (pid ${PIDS[-1]}, log $RUN_DIR/gateway.log)"
+}
+
+# start_controller key=value ...: agl-controller connected to the Gateway, log in $RUN_DIR/controller.log.
+start_controller() {
+  "$PYTHON" -m agentlightning.controller agl_server.url="$URL" agl_server.key="$KEY" "$@" \
+    >"$RUN_DIR/controller.log" 2>&1 &
+  PIDS+=($!)
+  echo "Controller  pid ${PIDS[-1]} (log $RUN_DIR/controller.log)"
+}
+
+# train ARGS...: train_calc_agent.py against this Gateway; returns its exit status. It runs in the
+# background only so that this script reacts to Ctrl-C at once; its output comes here.
+train() {
+  "$PYTHON" "$HERE/train_calc_agent.py" --agl-base-url "$URL" --agl-key "$KEY" \
+    trainer.output_dir="$RUN_DIR/trainer" "$@" &
+  PIDS+=($!)
+  local status=0
+  wait "${PIDS[-1]}" || status=$?
+  return "$status"
+}

@@ -1,0 +1,20 @@
+"""The examples' tests run the agents in `.venv-examples` (created by `make`): without it they
+skip with the reason, except on CI (`CI` set), where they must run and so fail."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.examples.harness import EXAMPLES_PYTHON
+
+
+@pytest.fixture(scope="session")
+def examples_python() -> str:
+    if not EXAMPLES_PYTHON.exists():
+        reason = f"{EXAMPLES_PYTHON} is missing: run `make examples-venv`"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason} (required on CI)")
+        pytest.skip(reason)
+    return str(EXAMPLES_PYTHON)

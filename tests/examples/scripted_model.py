@@ -1,0 +1,385 @@
+"""A scripted chat model that speaks like vLLM serving a Qwen2.5-style model.
+
+What makes the examples' merge analysis meaningful is that token ids are made the way vLLM
+makes them: the prompt is the conversation rendered by a real Hugging Face chat template
+(Qwen2.5's hermes template, the Jinja text below) with the request's `tools`, tokenized by a
+real `tokenizers` byte-level BPE (Qwen2's pre-tokenizer regex, trained here in code on a fixed
+corpus: nothing is downloaded); the answer's ids are the tokenization of the scripted text
+plus `<|im_end|>`, and tool calls are parsed from `<tool_call>{json}</tool_call>` text the
+way vLLM's hermes parser does. Before rendering, assistant tool-call arguments are parsed
+from their JSON string into an object and text content parts are joined, as vLLM does.
+
+Only the *choice* of text is scripted: a `Policy` maps (messages, tools) to the model's raw
+output. Nothing else is faked, so when a framework re-sends an earlier turn differently from
+how the model wrote it, the next prompt's ids stop extending the previous ones, exactly as
+they would on vLLM.
+
+    with ScriptedChatModel(policy) as model:
+        ... register model.base_url with the Gateway ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import re
+import socket
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+from aiohttp import web
+
+# Qwen2.5-Instruct's chat template (hermes tool calling), verbatim in layout.
+QWEN25_CHAT_TEMPLATE = """{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\\n<tool_call>\\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' }}
+        {{- message.content }}
+        {{- '\\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+
+# Qwen2's pre-tokenizer split (tokenizer.json of every Qwen2/2.5 model).
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+MARKER_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+VOCAB_SIZE = 1200
+
+# What the BPE merges are learned from: the template's own text and typical agent traffic.
+_CORPUS = [
+    "You are a helpful AI assistant. Solve tasks using your tools. Reply with TERMINATE when the task has been completed.",
+    "You may call one or more functions to assist with the user query.",
+    "You are provided with function signatures within <tools></tools> XML tags:",
+    "For each function call, return a json object with function name and arguments within XML tags:",
+    '{"type": "function", "function": {"name": "calculate", "description": "Calculates/evaluates the given expression.", '
+    '"parameters": {"type": "object", "properties": {"expression": {"type": "string", "title": "Expression"}}, '
+    '"required": ["expression"]}}}',
+    '{"name": "calculate", "arguments": {"expression": "(3 + 4) * 12 / 7"}}',
+    "Output the answer when you are ready. The answer should be surrounded by three sharps, "
+    "in the form of ### ANSWER: <answer> ###.",
+    "How many apples does she have left? Natalia sold clips to 48 of her friends in April, and then "
+    "she sold half as many clips in May. The answer is #### 72",
+    "The result of the calculation is the answer to the question, so the final answer is",
+    "Use the tool to compute the value, then answer the question with the number.",
+]
+
+
+@cache
+def _tokenizer_json() -> str:
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        min_frequency=2,
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 4, trainer)
+    return tok.to_str()
+
+
+@cache
+def build_tokenizer() -> Any:
+    """A `PreTrainedTokenizerFast` in Qwen2.5's shape with the hermes chat template."""
+    from tokenizers import AddedToken, Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer.from_str(_tokenizer_json())
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    # As in Qwen2.5: tool markers are added tokens but not special, so they reach the parser.
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKER_TOKENS])
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    hf.chat_template = QWEN25_CHAT_TEMPLATE
+    return hf
+
+
+# --- vLLM's request handling ------------------------------------------------------------------
+
+
+def _content_text(content: Any) -> Any:
+    """vLLM's "string" content format: text parts joined with newlines."""
+    if isinstance(content, list):
+        return "\n".join(
+            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return content
+
+
+def vllm_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation as vLLM hands it to the template (arguments parsed, parts joined)."""
+    out = []
+    for message in messages:
+        m = dict(message)
+        m["content"] = _content_text(m.get("content"))
+        if m.get("role") == "assistant" and isinstance(m.get("tool_calls"), list):
+            calls = []
+            for call in m["tool_calls"]:
+                call = json.loads(json.dumps(call))
+                function = call.get("function") or {}
+                arguments = function.get("arguments")
+                if arguments and not isinstance(arguments, dict | list):
+                    function["arguments"] = json.loads(arguments)
+                elif not arguments:
+                    function["arguments"] = {}
+                calls.append(call)
+            m["tool_calls"] = calls
+        out.append(m)
+    return out
+
+
+def vllm_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The tools as vLLM hands them to the template: its pydantic models dumped, declared fields
+    first (`type`; `name`, `description`, `parameters`, None when absent), extra ones after."""
+    if not tools:
+        return None
+    out = []
+    for tool in tools:
+        function = dict(tool.get("function") or {})
+        declared = {k: function.pop(k, None) for k in ("name", "description", "parameters")}
+        out.append({"type": tool.get("type", "function"), "function": {**declared, **function}})
+    return out
+
+
+def render_prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+    return build_tokenizer().apply_chat_template(
+        vllm_messages(messages), tools=vllm_tools(tools), add_generation_prompt=True, tokenize=False
+    )
+
+
+def encode(text: str) -> list[int]:
+    return build_tokenizer().encode(text, add_special_tokens=False)
+
+
+def decode(ids: list[int]) -> str:
+    return build_tokenizer().decode(ids, skip_special_tokens=False)
+
+
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
+
+
+def hermes_parse(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """vLLM's hermes parser (non-streamed): (content before the first call, tool calls)."""
+    if "<tool_call>" not in text:
+        return text, []
+    try:
+        raw = [json.loads(a or b) for a, b in _TOOL_CALL.findall(text)]
+        calls = [
+            {
+                "id": f"chatcmpl-tool-{uuid.uuid4().hex}",
+                "type": "function",
+                "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)},
+            }
+            for c in raw
+        ]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return text, []  # vLLM: an unparsable call stays text
+    content = text[: text.find("<tool_call>")]
+    return (content or None), calls
+
+
+def tool_call_text(name: str, arguments: dict[str, Any], compact: bool = False) -> str:
+    """What a Qwen2.5 model writes to call a tool: the template's own layout, or (compact) JSON
+    without spaces, which a model may write too and the template will re-render differently."""
+    if compact:
+        call = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False, separators=(",", ":"))
+        return f"<tool_call>\n{call}\n</tool_call>"
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments, ensure_ascii=False)}}}\n</tool_call>'
+
+
+# --- the server -----------------------------------------------------------------------------
+
+Policy = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]
+"""(the request's messages, its tools) → the model's raw output text."""
+
+_ids = itertools.count(1)
+
+
+def token_logprob(token: int, position: int) -> float:
+    return -((zlib.crc32(f"{token}:{position}".encode()) % 1000) + 1) / 400
+
+
+def chat_response(body: dict[str, Any], policy: Policy) -> dict[str, Any]:
+    messages = body["messages"]
+    tools = body.get("tools")
+    prompt_ids = encode(render_prompt(messages, tools))
+    text = policy(messages, tools)
+    eos = build_tokenizer().convert_tokens_to_ids("<|im_end|>")
+    ids = [*encode(text), eos]
+    content, calls = hermes_parse(text)
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": content,
+        "tool_calls": calls,
+        "reasoning_content": None,
+    }
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": message,
+        "finish_reason": "tool_calls" if calls else "stop",
+        "stop_reason": None,
+        "token_ids": ids if body.get("return_token_ids") else None,
+        "logprobs": None,
+    }
+    if body.get("logprobs"):
+        tokens = build_tokenizer().convert_ids_to_tokens(ids)
+        choice["logprobs"] = {
+            "content": [
+                {"token": t, "logprob": token_logprob(i, p), "bytes": list(t.encode()), "top_logprobs": []}
+                for p, (i, t) in enumerate(zip(ids, tokens, strict=True))
+            ]
+        }
+    return {
+        "id": f"chatcmpl-{next(_ids)}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model"),
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": len(ids),
+            "total_tokens": len(prompt_ids) + len(ids),
+        },
+        "prompt_logprobs": None,
+        "prompt_token_ids": prompt_ids if body.get("return_token_ids") else None,
+    }
+
+
+class ScriptedChatModel:
+    """The scripted model on a loopback port, in a background thread (aiohttp)."""
+
+    def __init__(self, policy: Policy, host: str = "127.0.0.1") -> None:
+        self.policy = policy
+        self.host = host
+        self.requests: list[dict[str, Any]] = []
+        self.errors: list[str] = []
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind((host, 0))
+        self.port: int = self._sock.getsockname()[1]
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            self.requests.append(body)
+            if body.get("stream"):
+                raise ValueError("the scripted model does not stream")
+            answer = await asyncio.to_thread(chat_response, body, self.policy)
+        except Exception as exc:  # a bad request or a policy bug: answer 400, keep the reason
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+            error = {
+                "error": {"message": f"{type(exc).__name__}: {exc}", "type": "BadRequestError", "code": 400}
+            }
+            return web.json_response(error, status=400)
+        return web.json_response(answer)
+
+    async def _serve(self) -> None:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        await web.SockSite(runner, self._sock).start()
+        self._stop = asyncio.Event()
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await runner.cleanup()
+
+    def start(self) -> ScriptedChatModel:
+        build_tokenizer()  # train once, before the first call
+
+        def run() -> None:
+            self._loop = asyncio.new_event_loop()
+            self._loop.run_until_complete(self._serve())
+            self._loop.close()
+
+        self._thread = threading.Thread(target=run, name="scripted-model", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError("the scripted model did not start")
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.join(10)
+        self._sock.close()
+
+    def __enter__(self) -> ScriptedChatModel:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

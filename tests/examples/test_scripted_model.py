@@ -1,0 +1,105 @@
+"""The scripted model renders and parses like vLLM with a Qwen2.5 template, and the merge-break
+analysis names the real cause. No processes: token ids are built directly."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agentlightning.trainer.aggregation import AggregationStats, aggregate_rollout
+from tests.examples.harness import first_merge_break
+from tests.examples.scripted_model import (
+    build_tokenizer,
+    chat_response,
+    decode,
+    encode,
+    hermes_parse,
+    render_prompt,
+    tool_call_text,
+)
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculate",
+            "description": "Evaluate an expression.",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+        },
+    }
+]
+QUESTION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 17 * 24?"}]
+
+
+def _triplet(body: dict[str, Any], text: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    response = chat_response({**body, "return_token_ids": True}, lambda m, t: text)
+    triplet = {
+        "event_type": "model_request",
+        "data": {
+            "prompt_token_ids": response["prompt_token_ids"],
+            "response_token_ids": response["choices"][0]["token_ids"],
+            "response_log_probs": None,
+        },
+    }
+    return response, triplet
+
+
+def _two_calls(compact: bool, tools_on_second: bool) -> list[dict[str, Any]]:
+    first, t1 = _triplet(
+        {"messages": QUESTION, "tools": TOOLS},
+        tool_call_text("calculate", {"expression": "17 * 24"}, compact),
+    )
+    message = first["choices"][0]["message"]
+    history = [
+        *QUESTION,
+        {"role": "assistant", "content": message["content"], "tool_calls": message["tool_calls"]},
+        {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "408"},
+    ]
+    _, t2 = _triplet({"messages": history, "tools": TOOLS if tools_on_second else None}, "ANSWER: 408")
+    return [t1, t2]
+
+
+def test_the_tokenizer_is_lossless_and_keeps_markers_whole() -> None:
+    text = 'é 17×24 <tool_call>\n{"a": 1}\n</tool_call><|im_end|>'
+    assert decode(encode(text)) == text
+    tok = build_tokenizer()
+    assert tok.convert_tokens_to_ids("<tool_call>") in encode(text)
+    assert tok.convert_tokens_to_ids("<|im_end|>") == encode("<|im_end|>")[0]
+
+
+def test_prompt_renders_tools_and_the_generation_prompt() -> None:
+    prompt = render_prompt(QUESTION, TOOLS)
+    assert prompt.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n")
+    assert json.dumps(TOOLS[0]) in prompt
+    assert prompt.endswith("<|im_start|>user\nWhat is 17 * 24?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_hermes_parsing_like_vllm() -> None:
+    content, calls = hermes_parse(
+        'Let me see.\n<tool_call>\n{"name": "calculate", "arguments": {"expression": "1"}}\n</tool_call>'
+    )
+    assert content == "Let me see.\n"
+    assert [c["function"] for c in calls] == [{"name": "calculate", "arguments": '{"expression": "1"}'}]
+    assert hermes_parse("<tool_call>\nnot json\n</tool_call>") == ("<tool_call>\nnot json\n</tool_call>", [])
+    assert hermes_parse("ANSWER: 4") == ("ANSWER: 4", [])
+
+
+def test_template_style_tool_calls_merge_into_one_row() -> None:
+    calls = _two_calls(compact=False, tools_on_second=True)
+    rows = aggregate_rollout(calls, "r", "g", 1.0, stats=AggregationStats())
+    assert len(rows) == 1 and rows[0].n_calls == 2
+    assert first_merge_break(calls) is None
+
+
+def test_compact_tool_json_is_re_rendered_differently() -> None:
+    calls = _two_calls(compact=True, tools_on_second=True)
+    assert len(aggregate_rollout(calls, "r", "g", 1.0, stats=AggregationStats())) == 2
+    reason = first_merge_break(calls)
+    assert reason is not None and "re-renders an earlier model turn" in reason
+    assert '"calculate","arguments"' in reason and '"calculate", "arguments"' in reason
+
+
+def test_a_call_without_tools_renders_another_system_prompt() -> None:
+    calls = _two_calls(compact=False, tools_on_second=False)
+    assert len(aggregate_rollout(calls, "r", "g", 1.0, stats=AggregationStats())) == 2
+    assert "sent without `tools`" in (first_merge_break(calls) or "")
