@@ -19,10 +19,13 @@ from agentlightning.schemas import Model, RolloutCreate
 from tests.conftest import RunningGateway
 
 from .conftest import SERVED_NAME, ScriptedVLLM
-from .scripted import QUESTION, TOOL_TURNS
+from .scripted import FINAL_ANSWER, QUESTION, TOOL_TURNS, script_messages
 
 pytestmark = pytest.mark.timeout(600)
 HELLO = [{"role": "user", "content": "Ann has 3 pens and finds two more. How many pens now?"}]
+# The scripted conversation up to its final answer: a prompt the model is sure about, so greedy
+# decoding cannot flip between near-equal tokens from one call to the next (off-script prompts can).
+FINAL_TURN = script_messages()[:-1]
 
 
 @pytest.fixture(scope="module")
@@ -102,15 +105,14 @@ def test_chat_streamed_equals_plain_at_temperature_zero(
     vllm_gateway: RunningGateway, client: GatewayClient
 ) -> None:
     plain = Rollout(vllm_gateway, client, "val")  # val: the Gateway sets temperature 0
-    answer = plain.llm.chat.completions.create(model="m", messages=HELLO, max_tokens=16)
+    kwargs: dict[str, Any] = {"model": "m", "messages": FINAL_TURN, "tools": TOOLS, "max_tokens": 16}
+    answer = plain.llm.chat.completions.create(**kwargs)
     streamed = Rollout(vllm_gateway, client, "val")
     chunks = list(
-        streamed.llm.chat.completions.create(
-            model="m", messages=HELLO, max_tokens=16, stream=True, stream_options={"include_usage": True}
-        )
+        streamed.llm.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True})
     )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == answer.choices[0].message.content
+    assert text == answer.choices[0].message.content == FINAL_ANSWER
     assert (
         chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == answer.usage.completion_tokens
     )  # type: ignore[union-attr]
@@ -144,11 +146,13 @@ def test_completions_text_and_token_id_prompts(
         assert choice.logprobs is not None
         assert triplet["response_log_probs"] == choice.logprobs.token_logprobs
 
+    # Greedy, streamed and not, on the final turn's prompt as token ids (the model is sure there).
+    ids = vllm_tokenize(vllm_server, {"messages": FINAL_TURN, "tools": TOOLS})
     streamed = Rollout(vllm_gateway, client, "val")
-    chunks = list(streamed.llm.completions.create(model="m", prompt=ids, max_tokens=8, stream=True))
+    chunks = list(streamed.llm.completions.create(model="m", prompt=ids, max_tokens=16, stream=True))
     plain = Rollout(vllm_gateway, client, "val")
-    answer = plain.llm.completions.create(model="m", prompt=ids, max_tokens=8)
-    assert "".join(c.choices[0].text for c in chunks if c.choices) == answer.choices[0].text
+    answer = plain.llm.completions.create(model="m", prompt=ids, max_tokens=16)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == answer.choices[0].text == FINAL_ANSWER
     (s,), (p,) = streamed.triplets(), plain.triplets()
     assert s["prompt_token_ids"] == p["prompt_token_ids"] == ids
     assert s["response_token_ids"] == p["response_token_ids"] == answer.choices[0].token_ids  # type: ignore[attr-defined]
