@@ -15,6 +15,7 @@ for the policy, its gradients and optimizer state.
 
 from __future__ import annotations
 
+import copy
 import shutil
 from pathlib import Path
 from typing import Any
@@ -65,12 +66,6 @@ def server_config(rollout: TorchRolloutConfig, device: torch.device) -> VLLMServ
 def check_servable(model: Any) -> None:
     """vLLM-specific limits of a model, named before minutes are spent starting servers."""
     config = model.config
-    if getattr(config, "tie_word_embeddings", False):
-        raise VLLMEngineError(
-            "the vLLM engine needs an untied output head (tie_word_embeddings=False): a weight "
-            "reload into vLLM leaves a tied head stale. Untie it (copy the embeddings into lm_head "
-            "and save with tie_word_embeddings=False) or use actor_rollout_ref.rollout.engine=torch"
-        )
     heads = getattr(config, "num_attention_heads", None)
     head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else None)
     if head_dim is not None and head_dim < 32:
@@ -127,6 +122,7 @@ class VLLMEngine:
         self.dtype = {v: k for k, v in DTYPE_NAMES.items()}.get(config.dtype)
         self.servers: VLLMServers | None = None
         self._current: Path | None = None
+        self.untie = False
 
     @property
     def weights_dir(self) -> Path:
@@ -143,11 +139,16 @@ class VLLMEngine:
         if base.exists():
             shutil.rmtree(base)
         base.mkdir(parents=True)
-        model.config.save_pretrained(base)
+        # A tied output head is served untied (its own copy, rewritten on every publish): after a
+        # weight reload vLLM leaves a tied head stale (`ParallelLMHead: Failed to load weights`).
+        self.untie = bool(getattr(model.config, "tie_word_embeddings", False))
+        config = copy.deepcopy(model.config)
+        config.tie_word_embeddings = False
+        config.save_pretrained(base)
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(base)
         self.tokenizer.save_pretrained(base)
-        save_weights(model, base, self.dtype)
+        save_weights(model, base, self.dtype, untie=self.untie)
         self.servers = VLLMServers(
             base, self.served_model_name, self.config, self.workdir / "servers", self.num_servers
         )
@@ -169,7 +170,7 @@ class VLLMEngine:
         self.servers.check_alive()
         folder = self.weights_dir / f"v{version}"
         with torch.no_grad():
-            save_weights(model, folder, self.dtype)
+            save_weights(model, folder, self.dtype, untie=self.untie)
         seconds = self.servers.reload(folder)
         previous, self._current = self._current, folder
         if previous is not None and previous != folder:

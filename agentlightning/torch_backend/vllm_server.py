@@ -347,9 +347,13 @@ class VLLMServers:
         self.stop()
 
 
-def save_weights(model: object, path: str | os.PathLike[str], dtype: object = None) -> Path:
+def save_weights(
+    model: object, path: str | os.PathLike[str], dtype: object = None, untie: bool = False
+) -> Path:
     """Write `model`'s parameters as `model.safetensors` in `path` (what `reload_weights` reads),
-    cast to `dtype` when given (the serving dtype: half the bytes for bf16)."""
+    cast to `dtype` when given (the serving dtype: half the bytes for bf16). `untie`: write a
+    tied tensor under each of its names (e.g. `lm_head.weight` beside the embeddings), for a
+    server that serves the model untied."""
     import torch
     from safetensors.torch import save_file
 
@@ -359,10 +363,12 @@ def save_weights(model: object, path: str | os.PathLike[str], dtype: object = No
     tensors: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
     for name, tensor in state.items():
-        if tensor.data_ptr() in seen:  # a tied tensor: vLLM ties it itself
-            continue
-        seen.add(tensor.data_ptr())
         t = tensor.detach()
+        if t.data_ptr() in seen:
+            if not untie:  # a tied tensor: vLLM ties it itself
+                continue
+            t = t.clone()
+        seen.add(tensor.data_ptr())
         if dtype is not None and t.is_floating_point():
             t = t.to(dtype)
         tensors[name] = t.contiguous().cpu()
