@@ -77,6 +77,25 @@ class GatewayUnavailable(Exception):
     """The Gateway could not be reached after all retries."""
 
 
+BatchFormat = Literal["raw", "triplet", "triplet_delta"]
+
+
+def expand_prompt_refs(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The `triplet` view from a `triplet_delta` answer's events (in place, and returned): a call
+    given as `prompt_ref: [i, n]` + `prompt_suffix` gets `prompt_token_ids` = the first n
+    prompt ids of event i, then the suffix. The calls share their prefixes' int objects."""
+    for j, event in enumerate(events):
+        data = event.get("data")
+        if isinstance(data, dict) and "prompt_ref" in data:
+            i, n = data.pop("prompt_ref")
+            if not 0 <= i < j:
+                raise ValueError(f"prompt_ref {i} of event {j} is not an earlier event of the answer")
+            prompt = events[i]["data"]["prompt_token_ids"][:n]
+            prompt += data.pop("prompt_suffix")
+            event["data"] = {"prompt_token_ids": prompt, **data}  # the triplet view's key order
+    return events
+
+
 def _error_class(status: int) -> type[GatewayError]:
     if status in (400, 413, 422):
         return BadRequest
@@ -252,7 +271,7 @@ class _Operations:
 
     @staticmethod
     def get_events_batch(
-        rollout_ids: Sequence[str], format: Literal["raw", "triplet"], event_type: str | None
+        rollout_ids: Sequence[str], format: BatchFormat, event_type: str | None
     ) -> _Call[list[dict[str, Any]]]:
         body: dict[str, Any] = {"rollout_ids": list(rollout_ids), "format": format}
         if event_type:
@@ -437,11 +456,12 @@ class GatewayClient(_ClientBase):
     def get_events_batch(
         self,
         rollout_ids: Sequence[str],
-        format: Literal["raw", "triplet"] = "triplet",
+        format: BatchFormat = "triplet",
         event_type: str | None = None,
     ) -> list[dict[str, Any]]:
         """The last attempt's events of up to 1000 rollouts in one request, as plain dicts
-        `{rollout_id, found, state, error_message, events}` (batch route, not in v1.0)."""
+        `{rollout_id, found, state, error_message, events}` (batch route, not in v1.0).
+        `triplet_delta` events carry prompt references: see `expand_prompt_refs`."""
         return self._run(_Operations.get_events_batch(rollout_ids, format, event_type))
 
     def register_models(self, models: Iterable[Model | Mapping[str, Any]]) -> list[Model]:
@@ -566,11 +586,12 @@ class AsyncGatewayClient(_ClientBase):
     async def get_events_batch(
         self,
         rollout_ids: Sequence[str],
-        format: Literal["raw", "triplet"] = "triplet",
+        format: BatchFormat = "triplet",
         event_type: str | None = None,
     ) -> list[dict[str, Any]]:
         """The last attempt's events of up to 1000 rollouts in one request, as plain dicts
-        `{rollout_id, found, state, error_message, events}` (batch route, not in v1.0)."""
+        `{rollout_id, found, state, error_message, events}` (batch route, not in v1.0).
+        `triplet_delta` events carry prompt references: see `expand_prompt_refs`."""
         return await self._run(_Operations.get_events_batch(rollout_ids, format, event_type))
 
     async def register_models(self, models: Iterable[Model | Mapping[str, Any]]) -> list[Model]:
