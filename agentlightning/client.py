@@ -80,18 +80,30 @@ class GatewayUnavailable(Exception):
 BatchFormat = Literal["raw", "triplet", "triplet_delta"]
 
 
+class PromptIds(list):  # type: ignore[type-arg]
+    """Prompt ids rebuilt from a reference: the first `shared` ids of `base`, then new ones.
+    Equal to the plain list; trajectory aggregation uses `base` to skip comparing the prefix."""
+
+    __slots__ = ("base", "shared")
+
+    def __init__(self, base: list[int], shared: int, suffix: list[int]) -> None:
+        super().__init__(base[:shared])
+        self.extend(suffix)
+        self.base = base
+        self.shared = shared
+
+
 def expand_prompt_refs(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The `triplet` view from a `triplet_delta` answer's events (in place, and returned): a call
     given as `prompt_ref: [i, n]` + `prompt_suffix` gets `prompt_token_ids` = the first n
-    prompt ids of event i, then the suffix. The calls share their prefixes' int objects."""
+    prompt ids of event i, then the suffix (a `PromptIds`)."""
     for j, event in enumerate(events):
         data = event.get("data")
         if isinstance(data, dict) and "prompt_ref" in data:
             i, n = data.pop("prompt_ref")
             if not 0 <= i < j:
                 raise ValueError(f"prompt_ref {i} of event {j} is not an earlier event of the answer")
-            prompt = events[i]["data"]["prompt_token_ids"][:n]
-            prompt += data.pop("prompt_suffix")
+            prompt = PromptIds(events[i]["data"]["prompt_token_ids"], n, data.pop("prompt_suffix"))
             event["data"] = {"prompt_token_ids": prompt, **data}  # the triplet view's key order
     return events
 

@@ -11,7 +11,7 @@ import orjson
 from agentlightning.schemas import EVENT_MODEL_REQUEST
 from agentlightning.server.store.base import EventRecord, StoredEvent
 from agentlightning.server.store.delta import CallDraft, prompt_key_of, split_call
-from agentlightning.server.triplet import keep_last_per_prompt, to_triplet
+from agentlightning.server.triplet import keep_last_per_prompt, model_request_triplet, to_triplet
 
 
 class UnencodableEvent(ValueError):
@@ -31,10 +31,9 @@ def make_record(
 
     A model call is split for storage as a delta against an earlier one (store/delta.py)
     unless `delta` is False (then it is stored whole, as before)."""
-    triplet = to_triplet(event_type, data)
     try:
-        if delta and event_type == EVENT_MODEL_REQUEST and triplet is not None:
-            split = split_call(data, triplet[0])
+        if delta and event_type == EVENT_MODEL_REQUEST:
+            split = split_call(data, model_request_triplet(data))
             if split is not None:  # stored as a delta against an earlier call (store/delta.py)
                 residual, tail, draft = split
                 return EventRecord(
@@ -48,6 +47,7 @@ def make_record(
                     call=draft,
                 )
         encoded = orjson.dumps(data)
+        triplet = to_triplet(event_type, data)
     except orjson.JSONEncodeError as exc:
         raise UnencodableEvent(f"event data cannot be stored as JSON: {exc}") from None
     return EventRecord(

@@ -90,7 +90,18 @@ def usable_calls(events: Iterable[dict[str, Any]], stats: AggregationStats) -> l
 class _OpenRow:
     """A row being built: the first call's prompt, then responses and context in between."""
 
-    __slots__ = ("log_probs", "mask", "n_calls", "prompt", "response", "seq_len", "turn_index", "versions")
+    __slots__ = (
+        "last_prompt",
+        "last_response",
+        "log_probs",
+        "mask",
+        "n_calls",
+        "prompt",
+        "response",
+        "seq_len",
+        "turn_index",
+        "versions",
+    )
 
     def __init__(self, call: Call, turn_index: int) -> None:
         self.prompt = call.prompt_ids
@@ -101,10 +112,16 @@ class _OpenRow:
         self.seq_len = len(self.prompt) + len(self.response)
         self.turn_index = turn_index
         self.n_calls = 1
+        self.last_prompt, self.last_response = call.prompt_ids, call.response_ids  # the last call merged
 
     def extends(self, call: Call) -> bool:
         """Whether the call's prompt begins with exactly this row's tokens so far."""
         p = call.prompt_ids
+        if getattr(p, "base", None) is self.last_prompt and p.shared == len(self.last_prompt):  # type: ignore[attr-defined]
+            # Rebuilt from the last merged call's whole prompt (client.PromptIds), which is this
+            # row's tokens up to there: only that call's response is left to compare.
+            n = p.shared  # type: ignore[attr-defined]
+            return len(p) >= self.seq_len and p[n : self.seq_len] == self.last_response
         n_prompt = len(self.prompt)
         return (
             len(p) >= self.seq_len
@@ -129,6 +146,7 @@ class _OpenRow:
                 self.log_probs += call.log_probs
         self.seq_len = len(call.prompt_ids) + n_resp
         self.n_calls += 1
+        self.last_prompt, self.last_response = call.prompt_ids, call.response_ids
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sqlite3
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from agentlightning.server.events import appended_event, make_record, render_eve
 from agentlightning.server.store import MemoryStore, SqliteStore, Store
 from agentlightning.server.store import delta as delta_mod
 from agentlightning.server.store.delta import PH_MESSAGES, CallIndex
+from agentlightning.trainer.aggregation import aggregate_rollout
 
 ATTEMPTS = ("a1", "a2", "a3")
 TOKEN = st.integers(0, 40)  # a small vocabulary: accidental shared prefixes happen
@@ -205,6 +207,9 @@ async def assert_same_reads(store: Store, reference: Store) -> None:
             )
             whole = render_events(await reference.list_events(rollout, attempt, view="triplet"), "triplet")
             assert orjson.dumps(expand_prompt_refs(delta)) == whole
+            # trajectory aggregation takes its shortcut for rebuilt prompts: the same rows
+            mine_rows = aggregate_rollout(delta, rollout, "g", 1.0)
+            assert mine_rows == aggregate_rollout(orjson.loads(whole), rollout, "g", 1.0)
 
 
 @settings(
@@ -307,3 +312,32 @@ def test_the_index_is_bounded_and_forgets_deleted_rollouts() -> None:
     index.forget("x")
     index.remember(stale, 9)
     assert len(index) == 1
+
+
+async def test_a_version_1_database_is_upgraded_and_reads_as_before(tmp_path: Path) -> None:
+    calls = long_conversation(4, first=20, turn=3)
+    path = tmp_path / "s.db"
+    store = SqliteStore(path)
+    await store.open()
+    await store.create_rollouts([Rollout(rollout_id="r", input={})])
+    for t, data in enumerate(calls[:2]):  # stored whole, as schema 1 stored every event
+        await store.append_event(make_record("r", "a", "model_request", data, float(t), delta=False))
+    await store.close()
+    conn = sqlite3.connect(path)
+    conn.execute("ALTER TABLE events DROP COLUMN call")
+    conn.execute("PRAGMA user_version=1")
+    conn.commit()
+    conn.close()
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        for t, data in enumerate(calls[2:], 2):
+            await store.append_event(make_record("r", "a", "model_request", data, float(t)))
+        events = orjson.loads(render_events(await store.list_events("r", "a")))
+        assert [e["data"] for e in events] == calls
+    finally:
+        await store.close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert conn.execute("SELECT count(call) FROM events").fetchone()[0] == 2
+    conn.close()

@@ -189,15 +189,11 @@ def _render_triplet(prompt_part: bytes, response: bytes, log_probs: bytes | None
     )
 
 
-def _int_list(value: Any) -> list[int] | None:
-    if isinstance(value, list) and (not value or set(map(type, value)) == {int}):
-        return value
-    return None
-
-
 def split_call(data: dict[str, Any], triplet: dict[str, Any]) -> tuple[bytes, bytes, CallDraft] | None:
     """`(payload with placeholders, triplet tail, draft)`, or None to store the call plainly
-    (ids beyond uint32, a placeholder already in the payload). Raises orjson.JSONEncodeError."""
+    (ids beyond uint32, a placeholder already in the payload). Raises orjson.JSONEncodeError.
+
+    `triplet` is `model_request_triplet(data)`: its id lists are the payload's own list objects."""
     prompt_ids: list[int] = triplet["prompt_token_ids"]
     response_ids: list[int] = triplet["response_token_ids"]
     log_probs = triplet["response_log_probs"]
@@ -216,14 +212,14 @@ def split_call(data: dict[str, Any], triplet: dict[str, Any]) -> tuple[bytes, by
             choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
         )
         if prompt_ids:  # where the triplet took them from: the top level (chat) or the first choice
-            if _int_list(resp.get("prompt_token_ids")) is not None:
+            if resp.get("prompt_token_ids") is prompt_ids:
                 resp["prompt_token_ids"] = PH_PROMPT
             else:
                 assert choice0 is not None
                 choice0 = {**choice0, "prompt_token_ids": PH_PROMPT}
             flags |= F_PROMPT
             placeholders.append(J_PROMPT)
-        if choice0 is not None and _int_list(choice0.get("token_ids")) is not None:
+        if choice0 is not None and choice0.get("token_ids") is response_ids:
             choice0 = {**choice0, "token_ids": PH_RESPONSE}
             flags |= F_RESPONSE
             placeholders.append(J_RESPONSE)
