@@ -23,7 +23,9 @@ ours-before (the code at `--baseline-ref`, unpacked with `git archive`, or `--ba
 calls stored whole, collected in the `triplet` format) and ours-after (this tree: calls stored
 as deltas, collected in `triplet_delta`) side by side, each with its own Gateway process, and
 prints fetch and total time, the store's bytes per rollout (event payloads) against the
-rollout's unique content, and the bytes sent to the trainer:
+rollout's unique content (each call's JSON with its prompt ids and messages cut to those it
+adds), the bytes sent to the trainer, and the time the Gateway took to take in the calls
+(posted by 8 agents at a time; not part of the collection timings):
 
     .venv/bin/python bench/collect.py --long-horizon
 Targets: 64 rollouts x 30 calls x contexts to ~34k tokens collected in <= 1 s; from 40 to 80
@@ -349,7 +351,9 @@ def long_worker(args: argparse.Namespace) -> int:
 
                     await asyncio.gather(*(one(rid) for rid in ids))
 
+            t_ingest = time.perf_counter()
             asyncio.run(populate_long())
+            ingest = time.perf_counter() - t_ingest
             stored = store_payload_bytes(db)
             fmt = "triplet_delta" if delta else "triplet"
             sent = 0
@@ -377,6 +381,7 @@ def long_worker(args: argparse.Namespace) -> int:
                         "store_per_rollout": stored / len(ids),
                         "unique_per_rollout": unique / len(ids),
                         "sent": sent,
+                        "ingest": ingest,
                         "rows": len(batch.rows),
                         "row_tokens": n_tokens,
                     }
@@ -419,7 +424,7 @@ def long_horizon(args: argparse.Namespace) -> int:
         )
         head = (
             f"{'rollouts x calls (first prompt, turn)':<38} {'':>6} {'fetch':>7} {'total':>7} "
-            f"{'store/rollout':>14} {'unique/rollout':>15} {'sent':>9}"
+            f"{'store/rollout':>14} {'unique/rollout':>15} {'sent':>9} {'ingest':>8}"
         )
         print(head)
         results: dict[tuple[str, int], dict[str, Any]] = {}
@@ -431,7 +436,7 @@ def long_horizon(args: argparse.Namespace) -> int:
                 print(
                     f"{label:<38} {name:>6} {r['fetch']:6.2f}s {r['total']:6.2f}s "
                     f"{r['store_per_rollout'] / 1e6:11.2f} MB {r['unique_per_rollout'] / 1e6:12.2f} MB "
-                    f"{r['sent'] / 1e6:6.0f} MB",
+                    f"{r['sent'] / 1e6:6.0f} MB {r['ingest']:7.1f}s",
                     flush=True,
                 )
             b, a = results[("before", calls)], results[("after", calls)]

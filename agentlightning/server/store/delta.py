@@ -378,8 +378,9 @@ class CallIndex:
                         del self._by_rollout[old_rid]
         else:
             self._attempts.move_to_end(key)
-        if c.length:  # a retry of the same prompt replaces the earlier one
-            entries[:] = [e for e in entries if not (e.length == c.length and e.full == c.full)]
+        # A retry of the same prompt replaces the earlier one; of calls without prompt ids
+        # (failed ones) only the last is kept, so that they cannot push the others out.
+        entries[:] = [e for e in entries if not (e.length == c.length and e.full == c.full)]
         entries.append(c)
         if len(entries) > CANDIDATES:
             del entries[0]
