@@ -9,8 +9,11 @@ on other transport errors and 5xx answers.
 
 from __future__ import annotations
 
+import array
 import asyncio
+import base64
 import random
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -93,18 +96,48 @@ class PromptIds(list):  # type: ignore[type-arg]
         self.shared = shared
 
 
+def _u32(packed: str) -> list[int]:
+    a = array.array("I")
+    a.frombytes(base64.b64decode(packed))
+    if sys.byteorder != "little":  # pragma: no cover
+        a.byteswap()
+    return a.tolist()
+
+
+def _f64(packed: str) -> list[float]:
+    a = array.array("d")
+    a.frombytes(base64.b64decode(packed))
+    if sys.byteorder != "little":  # pragma: no cover
+        a.byteswap()
+    return a.tolist()
+
+
 def expand_prompt_refs(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The `triplet` view from a `triplet_delta` answer's events (in place, and returned): a call
-    given as `prompt_ref: [i, n]` + `prompt_suffix` gets `prompt_token_ids` = the first n
-    prompt ids of event i, then the suffix (a `PromptIds`)."""
+    """The `triplet` view from a `triplet_delta` answer's events (in place, and returned).
+
+    A call in the packed form — `prompt_ref: [i, n] | null`, `prompt_suffix`, and the id lists
+    and log-probs as base64 of uint32 / float64 little-endian — gets `prompt_token_ids` = the
+    first n prompt ids of event i (a `PromptIds`), then the suffix; its lists decoded."""
     for j, event in enumerate(events):
         data = event.get("data")
-        if isinstance(data, dict) and "prompt_ref" in data:
-            i, n = data.pop("prompt_ref")
+        if not (isinstance(data, dict) and "prompt_suffix" in data):
+            continue
+        ref = data.pop("prompt_ref")
+        suffix = _u32(data.pop("prompt_suffix"))
+        if ref is None:
+            prompt: list[int] = suffix
+        else:
+            i, n = ref
             if not 0 <= i < j:
                 raise ValueError(f"prompt_ref {i} of event {j} is not an earlier event of the answer")
-            prompt = PromptIds(events[i]["data"]["prompt_token_ids"], n, data.pop("prompt_suffix"))
-            event["data"] = {"prompt_token_ids": prompt, **data}  # the triplet view's key order
+            prompt = PromptIds(events[i]["data"]["prompt_token_ids"], n, suffix)
+        log_probs = data.pop("response_log_probs")
+        event["data"] = {  # the triplet view's key order
+            "prompt_token_ids": prompt,
+            "response_token_ids": _u32(data.pop("response_token_ids")),
+            "response_log_probs": _f64(log_probs) if log_probs is not None else None,
+            **data,
+        }
     return events
 
 

@@ -201,8 +201,9 @@ class BatchEventsQuery(RolloutIdList):
     format: Literal["raw", "triplet", "triplet_delta"] = Field(
         "triplet",
         description="triplet_delta: the triplet view with each call's prompt given as "
-        "`prompt_ref: [i, n]` (the first n prompt ids of event i of the same answer) plus "
-        "`prompt_suffix`, where an earlier event shares a prefix (docs/long_horizon.md)",
+        "`prompt_ref: [i, n]` (the first n prompt ids of event i of the same answer, or null) "
+        "plus `prompt_suffix`, id lists and log-probs as base64 of uint32 / float64 "
+        "little-endian (docs/long_horizon.md)",
     )
     event_type: str | None = None
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import httpx
 import orjson
 import pytest
@@ -152,6 +154,8 @@ def test_calls_stored_as_deltas_read_back_byte_for_byte_on_every_route(gateway):
     calls = [
         e["data"] for e in delta if e["event_type"] == "model_request" and e["data"].get("status") != "error"
     ]
-    assert [len(c["prompt_suffix"]) for c in calls[1:]] == [4, 4, 4, 4]
+    assert calls[0]["prompt_ref"] is None and len(base64.b64decode(calls[0]["prompt_suffix"])) == 60 * 4
+    assert [len(base64.b64decode(c["prompt_suffix"])) // 4 for c in calls[1:]] == [4, 4, 4, 4]
+    assert [c["prompt_ref"][1] for c in calls[1:]] == [60, 64, 68, 72]
     assert orjson.dumps(expand_prompt_refs(delta)) == triplet
     assert len(batch["triplet_delta"]) < len(batch["triplet"])

@@ -25,6 +25,7 @@ A call whose base is unknown (the index forgot it, the Gateway restarted) is sto
 from __future__ import annotations
 
 import array
+import base64
 import hashlib
 import struct
 import sys
@@ -481,9 +482,10 @@ def materialize(events: list[StoredEvent], view: View) -> list[StoredEvent]:
 
     `data`: the raw payload; `triplet`: the triplet view; `triplet_delta` (the collection
     format): the triplet view already de-duplicated (of calls with identical prompts only the
-    last), each call's prompt given as `prompt_ref: [i, n]` (the first n prompt ids of the event
-    at index i of the answer) plus `prompt_suffix` when an earlier event of the answer shares a
-    prefix with it, else whole as `prompt_token_ids`.
+    last), each call stored as a delta given as `prompt_ref: [i, n]` (the first n prompt ids of
+    the event at index i of the answer; null: none) and `prompt_suffix` (the ids after them),
+    its id lists base64 of uint32 and its log-probs base64 of float64, little-endian. Calls
+    stored whole keep the `triplet` form.
     """
     stored = events
     if view == "triplet_delta":
@@ -513,31 +515,41 @@ def materialize(events: list[StoredEvent], view: View) -> list[StoredEvent]:
         assert r.triplet is not None
         if view == "triplet":
             part = b'"prompt_token_ids":' + orjson.dumps(calls.prompt(e.sequence))
+            payload = _render_triplet(part, d.response, d.log_probs, r.triplet)
         else:
-            part = _delta_prompt(calls, e.sequence, d, position)
-        payload = _render_triplet(part, d.response, d.log_probs, r.triplet)
+            payload = _render_packed(calls, e.sequence, d, position, r.triplet)
         out.append(StoredEvent(e.sequence, _replace(r, data=b"", triplet=payload)))
     return out
 
 
-def _delta_prompt(calls: _Calls, seq: int, d: _Decoded, position: dict[int, int]) -> bytes:
-    """`prompt_ref` + `prompt_suffix` against the nearest ancestor in the answer, or the whole prompt."""
+def _b64(raw: bytes | memoryview) -> bytes:
+    return b'"' + base64.b64encode(raw) + b'"'
+
+
+def _render_packed(calls: _Calls, seq: int, d: _Decoded, position: dict[int, int], tail: bytes) -> bytes:
+    """A call in the `triplet_delta` format: `prompt_ref` against the nearest ancestor in the
+    answer (null: none), then the lists as base64 of their stored uint32 / float64 bytes."""
     shared, base = d.tok_shared, d.tok_base
     while base and base not in position:  # its base was left out (an earlier retry of a prompt)
         b = calls.decoded[base]
         shared = min(shared, b.tok_shared)
         base = b.tok_base
     if not base or not shared:
-        return b'"prompt_token_ids":' + orjson.dumps(calls.prompt(seq))
-    if base == d.tok_base:
-        suffix = bytes_to_ids(d.suffix)
+        ref, suffix = b"null", (d.suffix if not d.tok_base else ids_to_bytes(calls.prompt(seq)))
     else:
-        suffix = calls.prompt(seq)[shared:]
+        ref = orjson.dumps([position[base], shared])
+        suffix = d.suffix if base == d.tok_base else ids_to_bytes(calls.prompt(seq)[shared:])
+    assert suffix is not None  # ids that were stored as uint32 fit uint32
     return (
-        b'"prompt_ref":'
-        + orjson.dumps([position[base], shared])
+        b'{"prompt_ref":'
+        + ref
         + b',"prompt_suffix":'
-        + orjson.dumps(suffix)
+        + _b64(suffix)
+        + b',"response_token_ids":'
+        + _b64(d.response)
+        + b',"response_log_probs":'
+        + (_b64(d.log_probs) if d.log_probs is not None else b"null")
+        + (b"," + tail[1:] if len(tail) > 2 else b"}")
     )
 
 
