@@ -98,7 +98,7 @@ def test_calls_stored_as_deltas_read_back_byte_for_byte_on_every_route(gateway):
     """Raw, triplet and batch reads return exactly the JSON of what was posted; the collection
     format sends each call's new prompt ids only."""
     posted = []
-    prompt, messages = list(range(100, 160)), [{"role": "user", "content": "go"}]
+    prompt, messages = list(range(100, 700)), [{"role": "user", "content": "go"}]  # long enough to split
     for t in range(5):
         posted.append(("model_request", _chat(list(prompt), list(messages), [7, t])))
         if t == 2:
@@ -154,8 +154,8 @@ def test_calls_stored_as_deltas_read_back_byte_for_byte_on_every_route(gateway):
     calls = [
         e["data"] for e in delta if e["event_type"] == "model_request" and e["data"].get("status") != "error"
     ]
-    assert calls[0]["prompt_ref"] is None and len(base64.b64decode(calls[0]["prompt_suffix"])) == 60 * 4
+    assert calls[0]["prompt_ref"] is None and len(base64.b64decode(calls[0]["prompt_suffix"])) == 600 * 4
     assert [len(base64.b64decode(c["prompt_suffix"])) // 4 for c in calls[1:]] == [4, 4, 4, 4]
-    assert [c["prompt_ref"][1] for c in calls[1:]] == [60, 64, 68, 72]
+    assert [c["prompt_ref"][1] for c in calls[1:]] == [600, 604, 608, 612]
     assert orjson.dumps(expand_prompt_refs(delta)) == triplet
     assert len(batch["triplet_delta"]) < len(batch["triplet"])

@@ -217,11 +217,21 @@ async def assert_same_reads(store: Store, reference: Store) -> None:
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-@given(steps=histories(), block=st.sampled_from([2, 3, 1024]), index_size=st.sampled_from([1, 64]))
+@given(
+    steps=histories(),
+    block=st.sampled_from([2, 3, 1024]),
+    index_size=st.sampled_from([1, 64]),
+    min_prompt=st.sampled_from([0, 0, 6]),
+)
 def test_every_read_matches_plain_storage(
-    steps: list[tuple[Any, ...]], block: int, index_size: int, monkeypatch: pytest.MonkeyPatch
+    steps: list[tuple[Any, ...]],
+    block: int,
+    index_size: int,
+    min_prompt: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(delta_mod, "BLOCK", block)  # small blocks: partial prefixes are shared too
+    monkeypatch.setattr(delta_mod, "MIN_PROMPT_IDS", min_prompt)  # short prompts: whole, or not
 
     async def run() -> None:
         with tempfile.TemporaryDirectory() as tmp:
@@ -260,17 +270,17 @@ def long_conversation(turns: int, first: int = 500, turn: int = 60) -> list[dict
 
 
 async def test_a_long_rollout_stores_each_token_about_once(tmp_path: Path) -> None:
-    """30 calls whose contexts grow to ~4k tokens: the stored calls hold every prompt id once
-    (4 bytes), not the ~60k ids the calls repeat between them."""
+    """30 calls whose contexts grow to ~4.5k tokens: the stored calls hold every prompt id once
+    (4 bytes), not the ~80k ids the calls repeat between them."""
     store = MemoryStore()
     await store.open()
     await store.create_rollouts([Rollout(rollout_id="r", input={})])
-    calls = long_conversation(30)
+    calls = long_conversation(30, first=1000)
     for t, data in enumerate(calls):
         await store.append_event(make_record("r", "a", "model_request", data, float(t)))
     stored = store._events["r"]
     suffix_ids = sum(delta_mod._HEADER.unpack_from(e.record.call)[6] for e in stored) // 4
-    unique = 500 + 29 * 120  # the first prompt, then each turn's response and tool output
+    unique = 1000 + 29 * 120  # the first prompt, then each turn's response and tool output
     assert suffix_ids == unique
     repeated = sum(len(c["response"]["prompt_token_ids"]) for c in calls)
     assert repeated > 15 * unique
@@ -279,7 +289,10 @@ async def test_a_long_rollout_stores_each_token_about_once(tmp_path: Path) -> No
     assert [e["data"] for e in events] == calls
 
 
-async def test_a_restarted_sqlite_store_reads_old_deltas_and_starts_a_new_chain(tmp_path: Path) -> None:
+async def test_a_restarted_sqlite_store_reads_old_deltas_and_starts_a_new_chain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(delta_mod, "MIN_PROMPT_IDS", 0)
     calls = long_conversation(6, first=50, turn=5)
     store = SqliteStore(tmp_path / "s.db")
     await store.open()
@@ -298,7 +311,8 @@ async def test_a_restarted_sqlite_store_reads_old_deltas_and_starts_a_new_chain(
         await store.close()
 
 
-def test_the_index_is_bounded_and_forgets_deleted_rollouts() -> None:
+def test_the_index_is_bounded_and_forgets_deleted_rollouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(delta_mod, "MIN_PROMPT_IDS", 0)
     index = CallIndex(max_attempts=2)
     record = make_record("r", "a", "model_request", chat_call([1, 2, 3], [], [4], [-1.0]), 0.0)
     for i, (rid, aid) in enumerate([("r", "a"), ("r", "b"), ("s", "a")]):
@@ -314,7 +328,10 @@ def test_the_index_is_bounded_and_forgets_deleted_rollouts() -> None:
     assert len(index) == 1
 
 
-async def test_a_version_1_database_is_upgraded_and_reads_as_before(tmp_path: Path) -> None:
+async def test_a_version_1_database_is_upgraded_and_reads_as_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(delta_mod, "MIN_PROMPT_IDS", 0)
     calls = long_conversation(4, first=20, turn=3)
     path = tmp_path / "s.db"
     store = SqliteStore(path)

@@ -280,7 +280,7 @@ def test_submit_registers_the_current_endpoints_again(gateway):
 def _long_calls(seed: int) -> list[dict]:
     """Six calls, each extending the last, one retried and one failed in between."""
     calls = []
-    prompt = [1, 2, 3, seed]
+    prompt = [*range(1000, 1600), seed]  # long enough to be stored as deltas
     for t in range(6):
         response = [20 + t, 21 + seed]
         calls.append(raw_call(prompt, response, [-0.5, -0.25], 0))
@@ -316,7 +316,7 @@ def test_collects_in_the_delta_format_and_rebuilds_the_triplet_view(gateway):
         assert all(len(base64.b64decode(c["prompt_suffix"])) == 5 * 4 for c in ok[1:])
     for r in rollouts:
         (row,) = aggregate_rollout(r.events, r.rollout_id, r.group_id, 1.0)
-        assert row.n_calls == 6 and len(row.prompt_ids) == 4
+        assert row.n_calls == 6 and len(row.prompt_ids) == 601
 
 
 class _NoDeltaFormat(httpx.HTTPTransport):

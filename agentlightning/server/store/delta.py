@@ -40,6 +40,9 @@ from agentlightning.server.store.base import EventRecord, StoredEvent
 from agentlightning.server.triplet import keep_last_per_prompt
 
 BLOCK = 1024  # prompt ids per digest block: a shared prefix is found to this granularity
+# Calls with shorter prompts are stored whole: splitting costs more than it saves there (the
+# proxy's per-call CPU), and a longer call extending one is stored whole once, then is a base.
+MIN_PROMPT_IDS = 512
 CANDIDATES = 4  # earlier calls per attempt an extension is looked for in (interleaved conversations)
 INDEX_ATTEMPTS = 16384  # attempts the index keeps (LRU); ~2.5 KB each for 34k-token contexts
 
@@ -49,6 +52,7 @@ PH_MESSAGES = "\x00agl:messages"
 J_PROMPT = orjson.dumps(PH_PROMPT)
 J_RESPONSE = orjson.dumps(PH_RESPONSE)
 J_MESSAGES = orjson.dumps(PH_MESSAGES)
+PH_MARK = b'"\\u0000agl:'  # how every placeholder's JSON begins
 
 FORMAT = 1
 F_PROMPT = 1  # the raw payload's prompt ids were taken out
@@ -192,10 +196,13 @@ def _render_triplet(prompt_part: bytes, response: bytes, log_probs: bytes | None
 
 def split_call(data: dict[str, Any], triplet: dict[str, Any]) -> tuple[bytes, bytes, CallDraft] | None:
     """`(payload with placeholders, triplet tail, draft)`, or None to store the call plainly
-    (ids beyond uint32, a placeholder already in the payload). Raises orjson.JSONEncodeError.
+    (a short prompt, ids beyond uint32, a placeholder already in the payload). Raises
+    orjson.JSONEncodeError.
 
     `triplet` is `model_request_triplet(data)`: its id lists are the payload's own list objects."""
     prompt_ids: list[int] = triplet["prompt_token_ids"]
+    if len(prompt_ids) < MIN_PROMPT_IDS:
+        return None
     response_ids: list[int] = triplet["response_token_ids"]
     log_probs = triplet["response_log_probs"]
     prompt = ids_to_bytes(prompt_ids)
@@ -204,7 +211,7 @@ def split_call(data: dict[str, Any], triplet: dict[str, Any]) -> tuple[bytes, by
         return None
     flags = 0
     residual = dict(data)
-    placeholders = []
+    n_placeholders = 0
     resp = data.get("response")
     if isinstance(resp, dict):
         resp = dict(resp)
@@ -219,11 +226,11 @@ def split_call(data: dict[str, Any], triplet: dict[str, Any]) -> tuple[bytes, by
                 assert choice0 is not None
                 choice0 = {**choice0, "prompt_token_ids": PH_PROMPT}
             flags |= F_PROMPT
-            placeholders.append(J_PROMPT)
+            n_placeholders += 1
         if choice0 is not None and choice0.get("token_ids") is response_ids:
             choice0 = {**choice0, "token_ids": PH_RESPONSE}
             flags |= F_RESPONSE
-            placeholders.append(J_RESPONSE)
+            n_placeholders += 1
         if choice0 is not None:
             resp["choices"] = [choice0, *choices[1:]]  # type: ignore[index]
         residual["response"] = resp
@@ -233,9 +240,9 @@ def split_call(data: dict[str, Any], triplet: dict[str, Any]) -> tuple[bytes, by
         messages = [orjson.dumps(m) for m in request["messages"]]
         residual["request"] = {**request, "messages": PH_MESSAGES}
         flags |= F_MESSAGES
-        placeholders.append(J_MESSAGES)
+        n_placeholders += 1
     encoded = orjson.dumps(residual)
-    if any(encoded.count(p) != 1 for p in placeholders):
+    if encoded.count(PH_MARK) != n_placeholders:
         return None  # the payload itself contains a placeholder's text
     lp = b""
     if log_probs is not None:
@@ -283,6 +290,8 @@ class PendingCall:
 
 
 def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    if len(b) <= len(a) and a[: len(b)] == b:  # the usual case, compared in C
+        return len(b)
     n = 0
     for x, y in zip(a, b, strict=False):
         if x != y:
@@ -308,8 +317,9 @@ class CallIndex:
     def __len__(self) -> int:
         return len(self._attempts)
 
-    def encode(self, record: EventRecord, draft: CallDraft) -> tuple[bytes, PendingCall]:
-        """The stored delta of a call (against the best earlier call) and what to remember."""
+    def encode(self, record: EventRecord, draft: CallDraft) -> tuple[EventRecord, PendingCall]:
+        """The record to store — the call as a delta against the best earlier call — and what
+        to remember once it is committed."""
         key = (record.rollout_id, record.attempt_id)
         candidates = self._attempts.get(key, ())
         tok_base = tok_shared = msg_base = msg_shared = 0
@@ -358,7 +368,17 @@ class CallIndex:
             full=d.full if d is not None else b"",
             message_hashes=draft.message_hashes if draft.messages is not None else None,
         )
-        return blob, PendingCall(self.generation, key, candidate)
+        stored = EventRecord(
+            record.rollout_id,
+            record.attempt_id,
+            record.event_type,
+            record.timestamp,
+            record.data,
+            record.triplet,
+            record.prompt_key,
+            blob,
+        )
+        return stored, PendingCall(self.generation, key, candidate)
 
     def remember(self, pending: PendingCall, seq: int) -> None:
         if pending.generation != self.generation:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Collection
-from dataclasses import replace
 
 from agentlightning.schemas import (
     Model,
@@ -122,8 +121,7 @@ class MemoryStore(Store):
             raise RolloutNotFound(record.rollout_id)
         pending = None
         if isinstance(record.call, CallDraft):
-            blob, pending = self._calls.encode(record, record.call)
-            record = replace(record, call=blob)
+            record, pending = self._calls.encode(record, record.call)
         self._sequence += 1
         events.append(StoredEvent(self._sequence, record))
         if pending is not None:

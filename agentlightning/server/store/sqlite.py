@@ -18,7 +18,6 @@ import sqlite3
 import threading
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -463,8 +462,7 @@ class SqliteStore(Store):
     async def append_event(self, record: EventRecord) -> int:
         pending = None
         if isinstance(record.call, CallDraft):
-            blob, pending = self._calls.encode(record, record.call)
-            record = replace(record, call=blob)
+            record, pending = self._calls.encode(record, record.call)
         row = (
             record.rollout_id,
             record.attempt_id,
