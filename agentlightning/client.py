@@ -15,7 +15,7 @@ import base64
 import random
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import quote
@@ -83,17 +83,58 @@ class GatewayUnavailable(Exception):
 BatchFormat = Literal["raw", "triplet", "triplet_delta"]
 
 
-class PromptIds(list):  # type: ignore[type-arg]
-    """Prompt ids rebuilt from a reference: the first `shared` ids of `base`, then new ones.
-    Equal to the plain list; trajectory aggregation uses `base` to skip comparing the prefix."""
+class PromptIds(Sequence[int]):
+    """Prompt ids given by reference: the first `shared` ids of `base`, then `suffix`.
 
-    __slots__ = ("base", "shared")
+    Kept lazily, so that a rollout's calls cost memory in proportion to their new ids; the
+    whole list is built when asked for (`whole()`, iteration, a slice reaching into the shared
+    part). Trajectory aggregation uses `base` to skip comparing the shared prefix."""
 
-    def __init__(self, base: list[int], shared: int, suffix: list[int]) -> None:
-        super().__init__(base[:shared])
-        self.extend(suffix)
+    __slots__ = ("base", "shared", "suffix")
+
+    def __init__(self, base: Sequence[int], shared: int, suffix: list[int]) -> None:
         self.base = base
         self.shared = shared
+        self.suffix = suffix
+
+    def __len__(self) -> int:
+        return self.shared + len(self.suffix)
+
+    def whole(self) -> list[int]:
+        pieces = [self.suffix]
+        base, n = self.base, self.shared
+        while isinstance(base, PromptIds):  # the chain of references, without recursion
+            if n > base.shared:
+                pieces.append(base.suffix[: n - base.shared])
+                n = base.shared
+            base = base.base
+        out = list(base[:n])
+        for piece in reversed(pieces):
+            out += piece
+        return out
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step == 1 and start >= self.shared:
+                return self.suffix[start - self.shared : max(stop - self.shared, 0)]
+            return self.whole()[index]
+        if isinstance(index, int) and index >= self.shared:
+            return self.suffix[index - self.shared]
+        return self.whole()[index]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.whole())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PromptIds):
+            other = other.whole()
+        return self.whole() == other if isinstance(other, list) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"PromptIds({self.whole()!r})"
 
 
 def _u32(packed: str) -> list[int]:
@@ -112,25 +153,30 @@ def _f64(packed: str) -> list[float]:
     return a.tolist()
 
 
-def expand_prompt_refs(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def expand_prompt_refs(events: list[dict[str, Any]], lazy: bool = False) -> list[dict[str, Any]]:
     """The `triplet` view from a `triplet_delta` answer's events (in place, and returned).
 
     A call in the packed form — `prompt_ref: [i, n] | null`, `prompt_suffix`, and the id lists
     and log-probs as base64 of uint32 / float64 little-endian — gets `prompt_token_ids` = the
-    first n prompt ids of event i (a `PromptIds`), then the suffix; its lists decoded."""
+    first n prompt ids of event i, then the suffix; its lists decoded. With `lazy`, a prompt
+    given by reference stays a `PromptIds` (memory in proportion to the new ids; trajectory
+    aggregation reads it), else it is a plain list."""
     for j, event in enumerate(events):
         data = event.get("data")
         if not (isinstance(data, dict) and "prompt_suffix" in data):
             continue
         ref = data.pop("prompt_ref")
         suffix = _u32(data.pop("prompt_suffix"))
+        prompt: Sequence[int]
         if ref is None:
-            prompt: list[int] = suffix
+            prompt = suffix
         else:
             i, n = ref
             if not 0 <= i < j:
                 raise ValueError(f"prompt_ref {i} of event {j} is not an earlier event of the answer")
             prompt = PromptIds(events[i]["data"]["prompt_token_ids"], n, suffix)
+            if not lazy:
+                prompt = prompt.whole()
         log_probs = data.pop("response_log_probs")
         event["data"] = {  # the triplet view's key order
             "prompt_token_ids": prompt,

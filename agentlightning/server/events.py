@@ -11,7 +11,7 @@ import orjson
 from agentlightning.schemas import EVENT_MODEL_REQUEST
 from agentlightning.server.store.base import EventRecord, StoredEvent
 from agentlightning.server.store.delta import CallDraft, prompt_key_of, split_call
-from agentlightning.server.triplet import keep_last_per_prompt, model_request_triplet, to_triplet
+from agentlightning.server.triplet import keep_last_per_prompt, prompt_key, to_triplet
 
 
 class UnencodableEvent(ValueError):
@@ -31,9 +31,10 @@ def make_record(
 
     A model call is split for storage as a delta against an earlier one (store/delta.py)
     unless `delta` is False (then it is stored whole, as before)."""
+    triplet = to_triplet(event_type, data, with_key=False)
     try:
-        if delta and event_type == EVENT_MODEL_REQUEST:
-            split = split_call(data, model_request_triplet(data))
+        if delta and event_type == EVENT_MODEL_REQUEST and triplet is not None:
+            split = split_call(data, triplet[0])
             if split is not None:  # stored as a delta against an earlier call (store/delta.py)
                 residual, tail, draft = split
                 return EventRecord(
@@ -47,9 +48,11 @@ def make_record(
                     call=draft,
                 )
         encoded = orjson.dumps(data)
-        triplet = to_triplet(event_type, data)
     except orjson.JSONEncodeError as exc:
         raise UnencodableEvent(f"event data cannot be stored as JSON: {exc}") from None
+    key = None
+    if triplet is not None and event_type == EVENT_MODEL_REQUEST and triplet[0]["prompt_token_ids"]:
+        key = prompt_key(triplet[0]["prompt_token_ids"])
     return EventRecord(
         rollout_id=rollout_id,
         attempt_id=attempt_id,
@@ -57,7 +60,7 @@ def make_record(
         timestamp=timestamp,
         data=encoded,
         triplet=orjson.dumps(triplet[0]) if triplet else None,
-        prompt_key=triplet[1] if triplet else None,
+        prompt_key=key,
     )
 
 

@@ -108,16 +108,19 @@ def reward_triplet(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def to_triplet(event_type: str, data: dict[str, Any]) -> tuple[dict[str, Any], str | None] | None:
+def to_triplet(
+    event_type: str, data: dict[str, Any], with_key: bool = True
+) -> tuple[dict[str, Any], str | None] | None:
     """The triplet payload of an event and its dedup key, or None for events triplets omit.
 
     The dedup key identifies the prompt: of several calls with identical prompt token ids only
     the last is kept (a retried call). Calls without prompt ids (failed ones) are never merged.
+    `with_key=False` leaves the key out (None): the caller computes it when it needs it.
     """
     if event_type == EVENT_MODEL_REQUEST:
         triplet = model_request_triplet(data)
         ids = triplet["prompt_token_ids"]
-        key = prompt_key(ids) if ids else None
+        key = prompt_key(ids) if ids and with_key else None
         return triplet, key
     if event_type == EVENT_REWARD:
         return reward_triplet(data), None

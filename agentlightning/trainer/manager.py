@@ -320,7 +320,7 @@ class RolloutManager:
                 self._batch_routes = True
                 if delta:
                     for a in answers:
-                        expand_prompt_refs(a["events"])
+                        expand_prompt_refs(a["events"], lazy=True)
                 return [
                     self._collected(item, a["events"], a.get("error_message"))
                     if a["found"]

@@ -21,13 +21,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentlightning.client import expand_prompt_refs
+from agentlightning.client import PromptIds, expand_prompt_refs
 from agentlightning.schemas import Rollout
 from agentlightning.server.events import appended_event, make_record, render_events
 from agentlightning.server.store import MemoryStore, SqliteStore, Store
 from agentlightning.server.store import delta as delta_mod
 from agentlightning.server.store.delta import PH_MESSAGES, CallIndex
 from agentlightning.trainer.aggregation import aggregate_rollout
+from agentlightning.trainer.config import AggregationLevel
 
 ATTEMPTS = ("a1", "a2", "a3")
 TOKEN = st.integers(0, 40)  # a small vocabulary: accidental shared prefixes happen
@@ -200,16 +201,19 @@ async def assert_same_reads(store: Store, reference: Store) -> None:
                     assert render_events(mine, view) == render_events(theirs, view), (rollout, attempt, view)
             if attempt is None:
                 continue
-            delta = orjson.loads(
-                render_events(
-                    await store.list_events(rollout, attempt, view="triplet_delta"), "triplet_delta"
-                )
+            packed = render_events(
+                await store.list_events(rollout, attempt, view="triplet_delta"), "triplet_delta"
             )
             whole = render_events(await reference.list_events(rollout, attempt, view="triplet"), "triplet")
-            assert orjson.dumps(expand_prompt_refs(delta)) == whole
-            # trajectory aggregation takes its shortcut for rebuilt prompts: the same rows
-            mine_rows = aggregate_rollout(delta, rollout, "g", 1.0)
-            assert mine_rows == aggregate_rollout(orjson.loads(whole), rollout, "g", 1.0)
+            assert orjson.dumps(expand_prompt_refs(orjson.loads(packed))) == whole
+            # lazy prompts (what the trainer keeps) read the same, and aggregate to the same rows
+            lazy = expand_prompt_refs(orjson.loads(packed), lazy=True)
+            expected = orjson.loads(whole)
+            assert lazy == expected
+            for level in AggregationLevel:
+                assert aggregate_rollout(lazy, rollout, "g", 1.0, level) == aggregate_rollout(
+                    expected, rollout, "g", 1.0, level
+                )
 
 
 @settings(
@@ -287,6 +291,14 @@ async def test_a_long_rollout_stores_each_token_about_once(tmp_path: Path) -> No
     # reads rebuild them whole
     events = orjson.loads(render_events(await store.list_events("r", "a")))
     assert [e["data"] for e in events] == calls
+    # the trainer's view: each later prompt a lazy reference, merged into one row
+    packed = render_events(await store.list_events("r", "a", view="triplet_delta"), "triplet_delta")
+    lazy = expand_prompt_refs(orjson.loads(packed), lazy=True)
+    prompts = [e["data"]["prompt_token_ids"] for e in lazy]
+    assert type(prompts[0]) is list and all(isinstance(p, PromptIds) for p in prompts[1:])
+    assert sum(len(p.suffix) for p in prompts[1:]) == 29 * 120
+    (row,) = aggregate_rollout(lazy, "r", "g", 1.0)
+    assert row.n_calls == 30 and row.prompt_ids == list(range(1000, 2000))
 
 
 async def test_a_restarted_sqlite_store_reads_old_deltas_and_starts_a_new_chain(
