@@ -13,8 +13,9 @@
 * Finished rollouts' triplet events are fetched in batch requests (several at a time; one
   request per rollout from a v1.0 Gateway), in the `triplet_delta` format where the Gateway
   has it: a call's prompt comes as a reference to an earlier call's plus the new ids, so a
-  long-horizon rollout's shared prefixes are not sent again (docs/long_horizon.md). Unless `keep_rollouts` is set, they are deleted
-  from the Gateway in the background once the trainer waits for rollouts again.
+  long-horizon rollout's shared prefixes are not sent again (docs/long_horizon.md). Unless
+  `keep_rollouts` is set, they are deleted from the Gateway in the background once the
+  trainer waits for rollouts again.
 """
 
 from __future__ import annotations
