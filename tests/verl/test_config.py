@@ -83,7 +83,7 @@ def test_bad_settings_fail_naming_the_key(override: str, names: str) -> None:
 
 
 def test_a_missing_model_path_fails_clearly() -> None:
-    with pytest.raises(ConfigError, match="model.path"):
+    with pytest.raises(ConfigError, match=r"model\.path"):
         validate(compose_config())
 
 
