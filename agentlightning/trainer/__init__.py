@@ -17,6 +17,7 @@ from agentlightning.trainer.config import (
     FailedRolloutPolicy,
     load_core_config,
 )
+from agentlightning.trainer.loop import TrainerBackend, TrainingLoop
 from agentlightning.trainer.manager import Group, RolloutManager
 from agentlightning.trainer.metrics import validation_metrics
 from agentlightning.trainer.rows import TrainingRow
@@ -37,7 +38,9 @@ __all__ = [
     "RolloutManager",
     "RowLimits",
     "SyncCollector",
+    "TrainerBackend",
     "TrainingBatch",
+    "TrainingLoop",
     "TrainingRow",
     "aggregate_rollout",
     "build_training_batch",

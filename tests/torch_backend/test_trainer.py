@@ -19,8 +19,9 @@ from agentlightning.client import GatewayClient
 from agentlightning.config.loader import load_cli_config
 from agentlightning.demo.task import make_dataset
 from agentlightning.procs import ManagedProcess
-from agentlightning.torch_backend.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
+from agentlightning.torch_backend.checkpoint import load_policy_state
 from agentlightning.torch_backend.trainer import TorchTrainer, run_ppo
+from agentlightning.trainer.checkpoint import latest_checkpoint, list_checkpoints, load_loop_state
 from agentlightning.trainer.config import ConfigError
 from agentlightning.trainer.data import DataCursor
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
@@ -112,9 +113,11 @@ def test_run_ppo_trains_validates_publishes_and_checkpoints(
     assert inputs_by_step(client) == expected_ids(train, 2)
     checkpoints = tmp_path / "run" / "checkpoints"
     assert list_checkpoints(checkpoints) == [1, 2]
-    state = load_checkpoint(latest_checkpoint(checkpoints))  # type: ignore[arg-type]
+    latest = latest_checkpoint(checkpoints)
+    assert latest is not None
+    state = load_loop_state(latest)
     assert (state["step"], state["version"], state["data"]["position"]) == (2, 2, 2 * BATCH)
-    assert state["policy"]["steps"] == 2
+    assert load_policy_state(latest)["policy"]["steps"] == 2
 
 
 def test_resume_after_a_crash_continues_step_count_and_data_order(
@@ -145,8 +148,11 @@ def test_resume_after_a_crash_continues_step_count_and_data_order(
 
     records = read_metrics(tmp_path / "run" / METRICS_FILE)
     assert [r["step"] for r in records] == [1, 2, 3, 4]
-    state = load_checkpoint(latest_checkpoint(checkpoints))  # type: ignore[arg-type]
-    assert (state["step"], state["data"]["position"], state["policy"]["steps"]) == (4, 4 * BATCH, 4)
+    latest = latest_checkpoint(checkpoints)
+    assert latest is not None
+    state = load_loop_state(latest)
+    assert (state["step"], state["data"]["position"]) == (4, 4 * BATCH)
+    assert load_policy_state(latest)["policy"]["steps"] == 4
     # The resumed run's steps 3 and 4 used the samples an uninterrupted run would have used.
     runs = {r.metadata.run_id for r in client.list_rollouts(limit=1000) if r.metadata.batch_idx == 4}
     assert len(runs) == 1

@@ -1,0 +1,121 @@
+"""Checkpoints of the training loop, in verl's layout, shared by every backend.
+
+    {default_local_dir}/global_step_{N}/loop_state.json       the loop's own state (the core)
+    {default_local_dir}/global_step_{N}/...                   the backend's files (weights, optimizer)
+    {default_local_dir}/latest_checkpointed_iteration.txt     (holds N)
+
+The loop state is the step, the served model version, the data position, Python's RNG and the
+config. A checkpoint is written into a temporary directory — the backend's files first, the
+loop state last, as the mark of a complete checkpoint — and renamed into place; the `latest`
+file is replaced after it, so a crash while saving leaves the previous checkpoint as the latest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentlightning.log import get_logger
+
+log = get_logger("checkpoint")
+
+LATEST_FILE = "latest_checkpointed_iteration.txt"
+LOOP_STATE_FILE = "loop_state.json"
+_STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+def step_dir(root: str | Path, step: int) -> Path:
+    return Path(root) / f"global_step_{step}"
+
+
+def python_rng_state() -> list[Any]:
+    """`random.getstate()` in a JSON-able form."""
+    version, internal, gauss = random.getstate()
+    return [version, list(internal), gauss]
+
+
+def set_python_rng_state(state: list[Any]) -> None:
+    version, internal, gauss = state
+    random.setstate((version, tuple(internal), gauss))
+
+
+def save_checkpoint(
+    root: str | Path,
+    step: int,
+    loop_state: dict[str, Any],
+    save_backend: Callable[[Path], None],
+    keep: int | None = None,
+) -> Path:
+    """Write the checkpoint of `step`: `save_backend(folder)` writes the backend's files, then the
+    loop state is written; keep the newest `keep` checkpoints (None or <= 0: all)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = step_dir(root, step)
+    tmp = root / f".global_step_{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_backend(tmp)
+    state_file = tmp / LOOP_STATE_FILE
+    state_file.write_text(json.dumps(loop_state))
+    for path in tmp.rglob("*"):
+        if path.is_file():
+            fsync_file(path)
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    latest_tmp = root / f".{LATEST_FILE}.tmp"
+    latest_tmp.write_text(f"{step}\n")
+    fsync_file(latest_tmp)
+    latest_tmp.replace(root / LATEST_FILE)
+    if keep is not None and keep > 0:
+        for old in sorted(list_checkpoints(root))[:-keep]:
+            shutil.rmtree(step_dir(root, old), ignore_errors=True)
+    log.info("checkpoint_saved", step=step, path=str(final))
+    return final
+
+
+def list_checkpoints(root: str | Path) -> list[int]:
+    """The steps of the complete checkpoints under `root`, in order."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    steps = []
+    for child in root.iterdir():
+        m = _STEP_DIR.match(child.name)
+        if m and (child / LOOP_STATE_FILE).is_file():
+            steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The directory of the latest complete checkpoint under `root`, or None."""
+    root = Path(root)
+    try:
+        step = int((root / LATEST_FILE).read_text().strip())
+    except (OSError, ValueError):
+        steps = list_checkpoints(root)  # no (or a torn) latest file: the newest complete one
+        return step_dir(root, steps[-1]) if steps else None
+    path = step_dir(root, step)
+    return path if (path / LOOP_STATE_FILE).is_file() else None
+
+
+def load_loop_state(path: str | Path) -> dict[str, Any]:
+    """The loop state saved in a checkpoint directory."""
+    file = Path(path) / LOOP_STATE_FILE
+    if not file.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path} (expected {file})")
+    return json.loads(file.read_text())
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
