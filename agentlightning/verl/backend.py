@@ -149,7 +149,11 @@ class VerlBackend:
 
     def _train(self, workers: Workers, batch: TrainingBatch) -> dict[str, float]:
         mini_batches = batch.minibatches()
-        protos = [rows_to_batch(mb, workers.pad_token_id, workers.dp_size)[0] for mb in mini_batches if mb]
+        actor = self.view.actor_rollout_ref.actor
+        micro = 1 if actor.use_dynamic_bsz else int(actor.ppo_micro_batch_size_per_gpu)
+        protos = [
+            rows_to_batch(mb, workers.pad_token_id, workers.dp_size, micro)[0] for mb in mini_batches if mb
+        ]
         recompute = self.ours.old_log_prob_source == "recompute"
         for proto in protos:  # old log-probs: all before the first optimizer step
             if recompute or not proto.meta_info["has_rollout_log_probs"]:

@@ -36,18 +36,25 @@ def _length(row: TrainingRow) -> int:
     return len(row.prompt_ids) + len(row.response_ids)
 
 
-def rank_layout(rows: Sequence[TrainingRow], dp_size: int) -> list[list[int | None]]:
+def rank_layout(rows: Sequence[TrainingRow], dp_size: int, multiple_of: int = 1) -> list[list[int | None]]:
     """Row indices per data-parallel rank: equal counts, balanced tokens; None marks a padding row.
 
-    Within a rank, rows keep their batch order (a group's rows stay in order).
+    Every rank gets the same number of rows, a multiple of `multiple_of` (verl's micro-batch size
+    per GPU: without dynamic batch sizes its engine needs whole micro-batches). Within a rank, rows
+    keep their batch order (a group's rows stay in order).
     """
     if dp_size < 1:
         raise ValueError(f"dp_size must be >= 1, got {dp_size}")
+    if multiple_of < 1:
+        raise ValueError(f"multiple_of must be >= 1, got {multiple_of}")
     per_rank = max(1, -(-len(rows) // dp_size))
+    per_rank = -(-per_rank // multiple_of) * multiple_of
+    # Fill ranks in turn up to the rows' own share, so that padding spreads over the ranks.
+    share = -(-len(rows) // dp_size)
     slots: list[list[int]] = [[] for _ in range(dp_size)]
     loads = [0] * dp_size
     for i in sorted(range(len(rows)), key=lambda i: (-_length(rows[i]), i)):
-        rank = min((r for r in range(dp_size) if len(slots[r]) < per_rank), key=lambda r: (loads[r], r))
+        rank = min((r for r in range(dp_size) if len(slots[r]) < share), key=lambda r: (loads[r], r))
         slots[rank].append(i)
         loads[rank] += _length(rows[i])
     return [[*sorted(s), *([None] * (per_rank - len(s)))] for s in slots]
@@ -66,7 +73,7 @@ class BatchLayout:
 
 
 def rows_to_batch(
-    rows: Sequence[TrainingRow], pad_token_id: int, dp_size: int = 1
+    rows: Sequence[TrainingRow], pad_token_id: int, dp_size: int = 1, multiple_of: int = 1
 ) -> tuple[DataProto, BatchLayout]:
     """One mini-batch of rows (loss weights set) as a verl `DataProto`, in rank order.
 
@@ -81,7 +88,7 @@ def rows_to_batch(
             raise ValueError(f"row of rollout {row.rollout_id!r} has an empty prompt: verl needs one")
         if not row.response_ids:
             raise ValueError(f"row of rollout {row.rollout_id!r} has no response tokens")
-    layout = rank_layout(rows, dp_size)
+    layout = rank_layout(rows, dp_size, multiple_of)
     source = [i for rank in layout for i in rank]
     filler = min(range(len(rows)), key=lambda i: (_length(rows[i]), i))  # cheapest tokens to repeat
     have_lp = all(r.rollout_log_probs is not None for r in rows)

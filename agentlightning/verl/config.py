@@ -13,6 +13,7 @@ and turns every failure into a `ConfigError` naming the key.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -86,6 +87,25 @@ def _unknown_keys(cfg: Any, known: Any, prefix: str = "") -> list[str]:
     return out
 
 
+@functools.cache
+def _torch_backend_keys() -> frozenset[str]:
+    """Every `actor_rollout_ref.*` key the torch backend's config declares, dotted."""
+    from agentlightning.torch_backend.config import TorchBackendConfig
+
+    keys: set[str] = set()
+
+    def walk(prefix: str, cls: type) -> None:
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
+            if dataclasses.is_dataclass(default):
+                walk(f"{prefix}{f.name}.", type(default))
+            else:
+                keys.add(f"{prefix}{f.name}")
+
+    walk("actor_rollout_ref.", TorchBackendConfig)
+    return frozenset(keys)
+
+
 def verl_view(cfg: DictConfig) -> DictConfig:
     """`cfg` without what verl does not read: the agentlightning block, our keys, other backends' keys."""
     view = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
@@ -97,9 +117,10 @@ def verl_view(cfg: DictConfig) -> DictConfig:
         if isinstance(node, DictConfig):
             node.pop(leaf, None)
     unknown = _unknown_keys(OmegaConf.to_container(view), _packaged_keys())
-    # Sections verl keeps open (trainer, data) take any key; drop only inside typed ones.
-    typed = ("actor_rollout_ref.", "critic.", "algorithm.", "reward.")
-    dropped = [k for k in unknown if k.startswith(typed)]
+    # Keys only the torch backend reads (its engine's host, port, device, …) are dropped; any
+    # other key goes on to verl, which knows fields its yaml does not list (and refuses bad ones).
+    torch_only = _torch_backend_keys()
+    dropped = [k for k in unknown if k in torch_only]
     for key in dropped:
         parent, _, leaf = key.rpartition(".")
         node = OmegaConf.select(view, parent) if parent else view

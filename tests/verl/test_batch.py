@@ -21,11 +21,12 @@ from .rows import make_rows, one_minibatch
 PAD = 0
 
 
-def check_batch(rows: list[TrainingRow], dp_size: int) -> None:
-    batch, layout = rows_to_batch(rows, PAD, dp_size)
+def check_batch(rows: list[TrainingRow], dp_size: int, multiple_of: int = 1) -> None:
+    batch, layout = rows_to_batch(rows, PAD, dp_size, multiple_of)
     t = batch.batch
     n = len(batch)
-    per_rank = -(-len(rows) // dp_size)
+    share = -(-len(rows) // dp_size)
+    per_rank = -(-share // multiple_of) * multiple_of  # whole micro-batches
     assert n == per_rank * dp_size == len(layout.source)
     assert sorted(i for i in layout.source if i is not None) == list(range(len(rows)))
     p_len = t["prompts"].shape[1]
@@ -78,16 +79,19 @@ def check_batch(rows: list[TrainingRow], dp_size: int) -> None:
             assert seq == src.prompt_ids + src.response_ids
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(
     seed=st.integers(0, 10_000),
     n_groups=st.integers(1, 4),
     group_size=st.integers(1, 4),
     dp_size=st.integers(1, 4),
+    micro=st.integers(1, 3),
 )
-def test_rows_to_batch_properties(seed: int, n_groups: int, group_size: int, dp_size: int) -> None:
+def test_rows_to_batch_properties(
+    seed: int, n_groups: int, group_size: int, dp_size: int, micro: int
+) -> None:
     rows = one_minibatch(make_rows(seed, n_groups, group_size, max_rows_per_rollout=3))
-    check_batch(rows, dp_size)
+    check_batch(rows, dp_size, micro)
 
 
 def test_rank_layout_balances_tokens_with_equal_counts() -> None:
