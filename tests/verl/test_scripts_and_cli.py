@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -46,16 +45,27 @@ def test_scripts_refuse_without_a_gpu(script: tuple[str, ...]) -> None:
     assert "no NVIDIA GPU here" in result.stderr
 
 
-def agl_train(*args: str) -> subprocess.CompletedProcess[str]:
-    return run(sys.executable, "-m", "agentlightning.torch_backend.cli", *args)
+def agl_train(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """`agl-train ARGS` in this process (the verl import is already paid for): exit code, stderr."""
+    from agentlightning.torch_backend.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    return int(exit_info.value.code or 0), capsys.readouterr().err
 
 
-def test_agl_train_backend_verl_fails_on_a_bad_config_naming_the_key(tmp_path: Path) -> None:
+def test_agl_train_backend_verl_fails_on_a_bad_config_naming_the_key(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     torch_config = REPO / "agentlightning" / "config" / "train.yaml"
-    result = agl_train(
-        "backend=verl", "--config", str(torch_config), "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla"
+    code, err = agl_train(
+        capsys,
+        "backend=verl",
+        "--config",
+        str(torch_config),
+        "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla",
     )
-    assert result.returncode == 2, result.stderr
-    assert "actor_rollout_ref.actor.policy_loss.loss_mode must be per_rollout_mean" in result.stderr
-    result = agl_train("backend=tensorflow")
-    assert result.returncode == 2 and "backend must be torch or verl" in result.stderr
+    assert code == 2, err
+    assert "actor_rollout_ref.actor.policy_loss.loss_mode must be per_rollout_mean" in err
+    code, err = agl_train(capsys, "backend=tensorflow")
+    assert code == 2 and "backend must be torch or verl" in err
