@@ -63,8 +63,10 @@ WorkersFactory = Callable[[DictConfig, int], Workers]
 def _verl_workers(view: DictConfig, total_optimizer_steps: int) -> Workers:
     from agentlightning.verl.engine import VerlWorkers, start_ray
 
-    start_ray(view)
-    return VerlWorkers(view, total_optimizer_steps)
+    started = start_ray(view)
+    workers = VerlWorkers(view, total_optimizer_steps)
+    workers.owns_ray = started  # shut Ray down at the end only if we started it
+    return workers
 
 
 class VerlBackend:
@@ -93,7 +95,6 @@ class VerlBackend:
         )
         self.workers: Workers | None = None
         self.optimizer_steps = 0
-        self.ray_started = False
 
     # --- TrainerBackend ----------------------------------------------------------------------
 
@@ -133,12 +134,11 @@ class VerlBackend:
     def close(self) -> None:
         if self._own_client:
             self.client.close()
-        if self.workers is not None:
-            self.workers = None
+        workers, self.workers = self.workers, None
+        if workers is not None and getattr(workers, "owns_ray", False):
             import ray
 
-            if ray.is_initialized():
-                ray.shutdown()
+            ray.shutdown()
 
     # --- the update ---------------------------------------------------------------------------
 

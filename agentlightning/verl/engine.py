@@ -114,6 +114,7 @@ class VerlWorkers:
             view.actor_rollout_ref.actor.optim.total_training_steps = total_optimizer_steps
         self.trainer: Any = None
         self.tokenizer: Any = None
+        self.owns_ray = False  # set by whoever started Ray for these workers
 
     def start(self) -> list[str]:
         """Build the workers and replicas (weights loaded, replicas awake); the replicas' addresses."""
