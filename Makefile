@@ -7,7 +7,7 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 LINT_DIRS := $(wildcard agentlightning tests bench examples docs)
 
-.PHONY: venv vllm test lint demo clean examples-venv
+.PHONY: venv vllm test test-verl lint demo clean examples-venv
 
 venv: $(STAMP)
 vllm: $(VLLM_STAMP)
@@ -44,12 +44,30 @@ $(V1)/.installed:
 	$(V1)/bin/pip install --quiet --ignore-requires-python agentlightning==1.0.2
 	touch $@
 
+# The verl backend's tests run in their own venv: verl 0.9.1 on the CPU torch. torch==2.13.0 on the
+# same command line keeps pip from pulling a CUDA torch and its nvidia packages; leftovers removed.
+VERL_VENV := .venv-verl
+$(VERL_VENV)/.installed: pyproject.toml
+	rm -rf $(VERL_VENV)
+	$(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/pip install --quiet --upgrade pip
+	$(VERL_VENV)/bin/pip install --quiet torch==2.13.0 -e '.[verl,train,dev]'
+	$(VERL_VENV)/bin/pip list --format=freeze | grep -iE '^(nvidia-|triton=)' | cut -d= -f1 \
+		| xargs -r $(VERL_VENV)/bin/pip uninstall --quiet -y
+	$(VERL_VENV)/bin/pip check
+	touch $@
+
+test-verl: $(VERL_VENV)/.installed
+	$(VERL_VENV)/bin/python -m pytest -q tests/verl
+
 lint: venv
 	$(BIN)/ruff check $(LINT_DIRS)
 	$(BIN)/ruff format --check $(LINT_DIRS)
 
-test: lint $(V1)/.installed .venv-examples/.installed $(VLLM_STAMP)
+# The main suite, then the verl backend's tests in verl's venv (tests/verl is skipped by the first).
+test: lint $(V1)/.installed .venv-examples/.installed $(VERL_VENV)/.installed $(VLLM_STAMP)
 	$(BIN)/pytest -q
+	$(VERL_VENV)/bin/python -m pytest -q tests/verl
 
 # The full loop on CPU: Gateway, Controller and trainer as three processes (docs/demo.md).
 demo: venv
@@ -69,4 +87,4 @@ demo: venv
 examples-venv: .venv-examples/.installed
 
 clean:
-	rm -rf $(VENV) $(V1) .venv-examples $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(V1) .venv-examples $(VERL_VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis

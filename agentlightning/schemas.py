@@ -203,7 +203,13 @@ class Event(BaseModel):
 class BatchEventsQuery(RolloutIdList):
     """The events of many rollouts' last attempts in one request."""
 
-    format: Literal["raw", "triplet"] = "triplet"
+    format: Literal["raw", "triplet", "triplet_delta"] = Field(
+        "triplet",
+        description="triplet_delta: the triplet view with each call's prompt given as "
+        "`prompt_ref: [i, n]` (the first n prompt ids of event i of the same answer, or null) "
+        "plus `prompt_suffix`, id lists and log-probs as base64 of uint32 / float64 "
+        "little-endian (docs/long_horizon.md)",
+    )
     event_type: str | None = None
 
 

@@ -16,19 +16,39 @@ and times, for two identical sets side by side:
 
 Usage: .venv/bin/python bench/collect.py [--rollouts 1024] [--calls 8] [--skip-baseline]
 Target: ours collects and aggregates the default batch in <= 10 s, aggregation <= 25 % of it.
+
+Long-horizon mode (`--long-horizon`): agents of 10 to 80 calls whose every call re-sends the
+whole conversation (a growing message list and its prompt token ids). For each size it runs
+ours-before (the code at `--baseline-ref`, unpacked with `git archive`, or `--baseline-tree`:
+calls stored whole, collected in the `triplet` format) and ours-after (this tree: calls stored
+as deltas, collected in `triplet_delta`) side by side, each with its own Gateway process, and
+prints fetch and total time, the store's bytes per rollout (event payloads) against the
+rollout's unique content (each call's JSON with its prompt ids and messages cut to those it
+adds), the bytes sent to the trainer, and the time the Gateway took to take in the calls
+(posted by 8 agents at a time; not part of the collection timings):
+
+    .venv/bin/python bench/collect.py --long-horizon
+Targets: 64 rollouts x 30 calls x contexts to ~34k tokens collected in <= 1 s; from 40 to 80
+calls the cost grows <= 2.5x; store bytes per rollout <= 2x its unique content.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
+import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import httpx
+import orjson
 
 from agentlightning.client import AsyncGatewayClient, GatewayClient
 from agentlightning.log import configure_logging
@@ -182,7 +202,7 @@ def baseline_aggregate(completed: list[dict[str, Any]]) -> int:
 # --- ours ---------------------------------------------------------------------------------
 
 
-def core_config(url: str, n: int) -> CoreConfig:
+def core_config(url: str, n: int, max_length: int = 0) -> CoreConfig:
     return load_core_config(
         {
             "data": {"train_batch_size": 1},
@@ -191,12 +211,258 @@ def core_config(url: str, n: int) -> CoreConfig:
                 "agl_base_url": url,
                 "agl_key": KEY,
                 "trace_aggregator": {
-                    "trajectory_max_prompt_length": 4096,
-                    "trajectory_max_response_length": 8192,
+                    "trajectory_max_prompt_length": max_length or 4096,
+                    "trajectory_max_response_length": max_length or 8192,
                 },
             },
         }
     )
+
+
+# --- long-horizon mode ----------------------------------------------------------------------
+
+LONG_SIZES = [(32, 10, 2000, 300), (32, 20, 2000, 300), (32, 40, 2000, 300), (32, 80, 2000, 300)]
+LONG_WIDE = (64, 30, 2000, 535)  # contexts growing to ~34k tokens
+DEFAULT_BASELINE_REF = "ac53280"  # the last commit before calls were stored as deltas
+
+
+def long_conversation(
+    rng: random.Random, calls: int, prompt_len: int, turn_len: int
+) -> tuple[list[dict], int]:
+    """A chat agent's model_request payloads: every call re-sends the whole message list and
+    its prompt ids. Also returns the size of the rollout's unique content: each call's JSON
+    with its prompt ids and messages cut to those it adds."""
+    prompt = [rng.randrange(VOCAB) for _ in range(prompt_len)]
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "s" * (2 * prompt_len)},
+        {"role": "user", "content": "u" * (2 * prompt_len)},
+    ]
+    out, unique = [], 0
+    seen_prompt, seen_messages = 0, 0
+    for t in range(calls):
+        response = [rng.randrange(VOCAB) for _ in range(turn_len)]
+        logprobs = [{"token": f"tok{x}", "logprob": -rng.random() * 3, "bytes": None} for x in response]
+        data = {
+            "api": "chat.completions",
+            "mode": "train",
+            "request": {
+                "model": "policy",
+                "messages": list(messages),
+                "tools": [{"type": "function", "function": {"name": "bash", "parameters": {}}}],
+            },
+            "params": {"model": "policy", "temperature": 1.0, "return_token_ids": True, "logprobs": True},
+            "response": {
+                "id": f"chatcmpl-{t}",
+                "object": "chat.completion",
+                "model": "policy",
+                "prompt_token_ids": list(prompt),
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "y" * (4 * turn_len)},
+                        "finish_reason": "tool_calls",
+                        "token_ids": response,
+                        "logprobs": {"content": logprobs},
+                    }
+                ],
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": turn_len},
+            },
+            "server": {"model": "policy", "endpoint": "http://127.0.0.1:9/v1", "version": 0},
+            "latency_ms": 800.0,
+            "http_status": 200,
+            "status": "ok",
+            "retries": 0,
+            "finish_reason": "tool_calls",
+        }
+        out.append(data)
+        new = {
+            **data,
+            "request": {**data["request"], "messages": messages[seen_messages:]},
+            "response": {**data["response"], "prompt_token_ids": prompt[seen_prompt:]},
+        }
+        unique += len(orjson.dumps(new))
+        seen_prompt, seen_messages = len(prompt), len(messages)
+        tool_output = [rng.randrange(VOCAB) for _ in range(turn_len)]
+        prompt = prompt + response + tool_output
+        messages = [
+            *messages,
+            {"role": "assistant", "content": "y" * (4 * turn_len)},
+            {"role": "tool", "content": "z" * (4 * turn_len)},
+        ]
+    return out, unique
+
+
+def store_payload_bytes(db: Path) -> int:
+    """Bytes of the stored events' payloads (whatever columns this tree's schema has)."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        columns = {r[1] for r in conn.execute("PRAGMA table_info(events)")}
+        parts = [f"ifnull(sum(length({c})), 0)" for c in ("data", "triplet", "call") if c in columns]
+        return int(conn.execute(f"SELECT {' + '.join(parts)} FROM events").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def long_worker(args: argparse.Namespace) -> int:
+    """One size against one tree's Gateway and manager (`agentlightning` from PYTHONPATH)."""
+    import agentlightning
+    from agentlightning.server.store.sqlite import SCHEMA_VERSION
+
+    delta = SCHEMA_VERSION >= 2
+    configure_logging("warning")
+    rng = random.Random(7)
+    with tempfile.TemporaryDirectory(prefix="agl-bench-lh-") as tmp:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        db = Path(tmp) / "gateway.db"
+        argv_server = [
+            sys.executable,
+            "-m",
+            "agentlightning.server",
+            f"port={port}",
+            f"key={KEY}",
+            f"store.url=sqlite:///{db}",
+            "log_level=warning",
+        ]
+        server = ManagedProcess("agl-server", argv_server, Path(tmp) / "gateway.log").start()
+        try:
+            server.wait_http_ok(f"{url}/healthz")
+            config = core_config(url, args.group, max_length=1_000_000)
+            manager = RolloutManager(config)
+            groups = manager.submit([{"prompt": i} for i in range(args.rollouts // args.group)], step=0)
+            ids = [rid for g in groups for rid in g.rollout_ids]
+            unique = 0
+
+            async def populate_long() -> None:
+                nonlocal unique
+                sem = asyncio.Semaphore(8)
+                async with AsyncGatewayClient(url, KEY, timeout=300, max_connections=16) as client:
+
+                    async def one(rid: str) -> None:
+                        nonlocal unique
+                        calls, u = long_conversation(rng, args.calls, args.prompt, args.turn)
+                        unique += u
+                        async with sem:
+                            await client.patch_rollout(rid, state=RolloutState.RUNNING, last_attempt_id="a1")
+                            for data in calls:
+                                await client.post_event(rid, "a1", "model_request", data)
+                            await client.post_reward(rid, "a1", float(rng.random() < 0.5))
+                            await client.patch_rollout(rid, state=RolloutState.SUCCEEDED)
+
+                    await asyncio.gather(*(one(rid) for rid in ids))
+
+            t_ingest = time.perf_counter()
+            asyncio.run(populate_long())
+            ingest = time.perf_counter() - t_ingest
+            stored = store_payload_bytes(db)
+            fmt = "triplet_delta" if delta else "triplet"
+            sent = 0
+            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {KEY}"}, timeout=300) as http:
+                for start in range(0, len(ids), 32):  # the manager's requests, once more, untimed
+                    body = {"rollout_ids": ids[start : start + 32], "format": fmt}
+                    answer = http.post("/api/rollouts/batch/events", json=body)
+                    answer.raise_for_status()
+                    sent += len(answer.content)
+            t0 = time.perf_counter()
+            manager.wait(lambda: all(manager.is_done(r) for r in ids))
+            collected = manager.take(ids)
+            t1 = time.perf_counter()
+            batch = build_training_batch(collected, config, step=0, policy_version=0)
+            t2 = time.perf_counter()
+            manager.close()
+            n_tokens = sum(len(r.prompt_ids) + len(r.response_ids) for r in batch.rows)
+            print(
+                json.dumps(
+                    {
+                        "code": str(Path(agentlightning.__file__).parents[1]),
+                        "format": fmt,
+                        "fetch": t1 - t0,
+                        "total": t2 - t0,
+                        "store_per_rollout": stored / len(ids),
+                        "unique_per_rollout": unique / len(ids),
+                        "sent": sent,
+                        "ingest": ingest,
+                        "rows": len(batch.rows),
+                        "row_tokens": n_tokens,
+                    }
+                )
+            )
+        finally:
+            server.stop()
+    return 0
+
+
+def baseline_tree(args: argparse.Namespace, tmp: str) -> Path:
+    if args.baseline_tree:
+        return Path(args.baseline_tree)
+    root = Path(__file__).resolve().parents[1]
+    target = Path(tmp) / "baseline"
+    target.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(root), "archive", args.baseline_ref], check=True, capture_output=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
+    return target
+
+
+def run_worker(tree: Path, rollouts: int, calls: int, prompt: int, turn: int) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    argv = [sys.executable, __file__, "--lh-worker", f"--rollouts={rollouts}", f"--calls={calls}"]
+    argv += [f"--prompt={prompt}", f"--turn={turn}", f"--group={min(8, rollouts)}"]
+    done = subprocess.run(argv, env=env, cwd=tree, check=True, capture_output=True, text=True, timeout=1800)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def long_horizon(args: argparse.Namespace) -> int:
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (2 cores)")
+    ours = Path(__file__).resolve().parents[1]
+    sizes = [s for s in LONG_SIZES if not args.sizes or s[1] in args.sizes]
+    with tempfile.TemporaryDirectory(prefix="agl-bench-base-") as tmp:
+        base = baseline_tree(args, tmp)
+        print(
+            f"before: {base} ({args.baseline_ref if not args.baseline_tree else 'given tree'}); after: {ours}"
+        )
+        head = (
+            f"{'rollouts x calls (first prompt, turn)':<38} {'':>6} {'fetch':>7} {'total':>7} "
+            f"{'store/rollout':>14} {'unique/rollout':>15} {'sent':>9} {'ingest':>8}"
+        )
+        print(head)
+        results: dict[tuple[str, int], dict[str, Any]] = {}
+        for rollouts, calls, prompt, turn in [*sizes, LONG_WIDE]:
+            for name, tree in (("before", base), ("after", ours)):
+                r = run_worker(tree, rollouts, calls, prompt, turn)
+                results[(name, calls)] = r
+                label = f"{rollouts} x {calls} ({prompt}, {turn})"
+                print(
+                    f"{label:<38} {name:>6} {r['fetch']:6.2f}s {r['total']:6.2f}s "
+                    f"{r['store_per_rollout'] / 1e6:11.2f} MB {r['unique_per_rollout'] / 1e6:12.2f} MB "
+                    f"{r['sent'] / 1e6:6.0f} MB {r['ingest']:7.1f}s",
+                    flush=True,
+                )
+            b, a = results[("before", calls)], results[("after", calls)]
+            assert (a["rows"], a["row_tokens"]) == (b["rows"], b["row_tokens"]), (
+                "before and after built different rows"
+            )
+            print(
+                f"{'':<38} {'ratio':>6} x{b['fetch'] / a['fetch']:5.1f} x{b['total'] / a['total']:5.1f} "
+                f"  store x{b['store_per_rollout'] / a['store_per_rollout']:.1f} smaller, "
+                f"sent x{b['sent'] / a['sent']:.1f} smaller",
+                flush=True,
+            )
+        wide = results[("after", LONG_WIDE[1])]
+        checks = [(f"{LONG_WIDE[0]} x {LONG_WIDE[1]} calls collected in <= 1 s", wide["total"] <= 1.0)]
+        if ("after", 40) in results and ("after", 80) in results:
+            growth = results[("after", 80)]["total"] / results[("after", 40)]["total"]
+            checks.append((f"40 -> 80 calls: total x{growth:.2f} (<= 2.5)", growth <= 2.5))
+        worst = max(
+            r["store_per_rollout"] / r["unique_per_rollout"] for (n, _), r in results.items() if n == "after"
+        )
+        checks.append(
+            (f"store bytes per rollout <= 2x its unique content (worst x{worst:.2f})", worst <= 2.0)
+        )
+        for what, ok in checks:
+            print(f"target: {what}: {'met' if ok else 'NOT met'}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,7 +475,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt", type=int, default=1000, help="tokens of the first prompt")
     parser.add_argument("--turn", type=int, default=60, help="tokens per response and per tool output")
     parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument("--long-horizon", action="store_true", help="the long-horizon curve, before/after")
+    parser.add_argument(
+        "--baseline-ref", default=DEFAULT_BASELINE_REF, help="long-horizon: git ref of 'before'"
+    )
+    parser.add_argument("--baseline-tree", help="long-horizon: a source tree of 'before' instead of a ref")
+    parser.add_argument("--sizes", type=int, nargs="*", help="long-horizon: only these calls per rollout")
+    parser.add_argument("--lh-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.lh_worker:
+        return long_worker(args)
+    if args.long_horizon:
+        return long_horizon(args)
     configure_logging("warning")
     if args.rollouts % args.group:
         parser.error("--rollouts must be a multiple of --group")

@@ -192,7 +192,15 @@ class Demo:
 
     def train(self, train_cfg: DictConfig) -> int:
         trainer = self._start(
-            "trainer", ["-m", "agentlightning.torch_backend.cli", "--config", str(self.config_path)], None
+            "trainer",
+            [
+                "-m",
+                "agentlightning.torch_backend.cli",
+                f"backend={self.cfg.trainer_backend}",
+                "--config",
+                str(self.config_path),
+            ],
+            None,
         )
         t = train_cfg.trainer
         steps = t.total_training_steps or f"{t.total_epochs} epoch(s) of"

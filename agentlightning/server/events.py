@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 import orjson
 
 from agentlightning.schemas import EVENT_MODEL_REQUEST
 from agentlightning.server.store.base import EventRecord, StoredEvent
-from agentlightning.server.triplet import keep_last_per_prompt, to_triplet
+from agentlightning.server.store.delta import CallDraft, prompt_key_of, split_call
+from agentlightning.server.triplet import keep_last_per_prompt, prompt_key, to_triplet
 
 
 class UnencodableEvent(ValueError):
@@ -17,15 +19,40 @@ class UnencodableEvent(ValueError):
 
 
 def make_record(
-    rollout_id: str, attempt_id: str, event_type: str, data: dict[str, Any], timestamp: float
+    rollout_id: str,
+    attempt_id: str,
+    event_type: str,
+    data: dict[str, Any],
+    timestamp: float,
+    delta: bool = True,
 ) -> EventRecord:
     """Encode an event for storage. Raises UnencodableEvent for integers beyond 64 bits or
-    strings with lone surrogates, which JSON readers elsewhere would not read back the same."""
+    strings with lone surrogates, which JSON readers elsewhere would not read back the same.
+
+    A model call is split for storage as a delta against an earlier one (store/delta.py)
+    unless `delta` is False (then it is stored whole, as before)."""
+    triplet = to_triplet(event_type, data, with_key=False)
     try:
+        if delta and event_type == EVENT_MODEL_REQUEST and triplet is not None:
+            split = split_call(data, triplet[0])
+            if split is not None:  # stored as a delta against an earlier call (store/delta.py)
+                residual, tail, draft = split
+                return EventRecord(
+                    rollout_id=rollout_id,
+                    attempt_id=attempt_id,
+                    event_type=event_type,
+                    timestamp=timestamp,
+                    data=residual,
+                    triplet=tail,
+                    prompt_key=prompt_key_of(draft),
+                    call=draft,
+                )
         encoded = orjson.dumps(data)
     except orjson.JSONEncodeError as exc:
         raise UnencodableEvent(f"event data cannot be stored as JSON: {exc}") from None
-    triplet = to_triplet(event_type, data)
+    key = None
+    if triplet is not None and event_type == EVENT_MODEL_REQUEST and triplet[0]["prompt_token_ids"]:
+        key = prompt_key(triplet[0]["prompt_token_ids"])
     return EventRecord(
         rollout_id=rollout_id,
         attempt_id=attempt_id,
@@ -33,13 +60,22 @@ def make_record(
         timestamp=timestamp,
         data=encoded,
         triplet=orjson.dumps(triplet[0]) if triplet else None,
-        prompt_key=triplet[1] if triplet else None,
+        prompt_key=key,
     )
 
 
-def render_events(events: Sequence[StoredEvent], view: Literal["data", "triplet"] = "data") -> bytes:
-    """A JSON array of events. In the triplet view, repeated prompts keep only their last call."""
-    if view == "triplet":
+def appended_event(sequence: int, record: EventRecord) -> bytes:
+    """The JSON of an event just appended (from the record given to the store)."""
+    if isinstance(record.call, CallDraft):
+        record = replace(record, data=record.call.full_data(record.data), call=None)
+    return render_events([StoredEvent(sequence, record)])[1:-1]
+
+
+def render_events(
+    events: Sequence[StoredEvent], view: Literal["data", "triplet", "triplet_delta"] = "data"
+) -> bytes:
+    """A JSON array of events. In the triplet views, repeated prompts keep only their last call."""
+    if view != "data":
         keys = [e.record.prompt_key if e.record.event_type == EVENT_MODEL_REQUEST else None for e in events]
         events = [events[i] for i in keep_last_per_prompt(keys)]
     parts = []
@@ -54,6 +90,6 @@ def render_events(events: Sequence[StoredEvent], view: Literal["data", "triplet"
                 "sequence": e.sequence,
             }
         )
-        payload = r.triplet if view == "triplet" else r.data
+        payload = r.data if view == "data" else r.triplet
         parts.append(head[:-1] + b',"data":' + (payload or b"{}") + b"}")
     return b"[" + b",".join(parts) + b"]"

@@ -8,7 +8,9 @@ triplets is a concatenation of stored bytes.
 
 from __future__ import annotations
 
+import array
 import hashlib
+import sys
 from typing import Any
 
 import orjson
@@ -38,8 +40,16 @@ def _int_list(value: Any) -> list[int] | None:
 
 
 def prompt_key(ids: list[int]) -> str:
-    """The dedup key of a prompt: blake2b of `repr(ids)`, built from orjson's bytes (4x faster)."""
-    return hashlib.blake2b(orjson.dumps(ids).replace(b",", b", "), digest_size=16).hexdigest()
+    """The dedup key of a prompt: blake2b (16 bytes) of its ids as uint32 little-endian — the
+    digest delta storage computes anyway (store/delta.py) — or, for ids beyond uint32, of
+    `repr(ids)` (built from orjson's bytes)."""
+    try:
+        raw = array.array("I", ids)
+    except (OverflowError, TypeError):
+        return hashlib.blake2b(orjson.dumps(ids).replace(b",", b", "), digest_size=16).hexdigest()
+    if sys.byteorder != "little":  # pragma: no cover
+        raw.byteswap()
+    return hashlib.blake2b(raw.tobytes(), digest_size=16).hexdigest()
 
 
 def _log_probs(choice: dict[str, Any], n_tokens: int) -> list[float] | None:
@@ -98,16 +108,19 @@ def reward_triplet(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def to_triplet(event_type: str, data: dict[str, Any]) -> tuple[dict[str, Any], str | None] | None:
+def to_triplet(
+    event_type: str, data: dict[str, Any], with_key: bool = True
+) -> tuple[dict[str, Any], str | None] | None:
     """The triplet payload of an event and its dedup key, or None for events triplets omit.
 
     The dedup key identifies the prompt: of several calls with identical prompt token ids only
     the last is kept (a retried call). Calls without prompt ids (failed ones) are never merged.
+    `with_key=False` leaves the key out (None): the caller computes it when it needs it.
     """
     if event_type == EVENT_MODEL_REQUEST:
         triplet = model_request_triplet(data)
         ids = triplet["prompt_token_ids"]
-        key = prompt_key(ids) if ids else None
+        key = prompt_key(ids) if ids and with_key else None
         return triplet, key
     if event_type == EVENT_REWARD:
         return reward_triplet(data), None

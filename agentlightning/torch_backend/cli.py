@@ -1,6 +1,8 @@
 """`agl-train`: train with the built-in torch backend from the command line.
 
-    agl-train [--config FILE.yaml] [key=value ...]
+    agl-train [backend=torch|verl] [--config FILE.yaml] [key=value ...]
+
+`backend=verl` hands the same arguments to `agentlightning.verl.cli` (verl + vLLM on Ray).
 
 Composes `agentlightning/config/train.yaml`, an optional file and dotted overrides, then runs
 `run_ppo`. The Gateway (`agentlightning.agl_base_url`) and a controller must be running.
@@ -24,7 +26,19 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    cfg = load_cli_config("train", sys.argv[1:] if argv is None else argv, prog="agl-train", strict=False)
+    args = list(sys.argv[1:] if argv is None else argv)
+    backends = [a for a in args if a.startswith("backend=")]
+    args = [a for a in args if not a.startswith("backend=")]
+    backend = backends[-1].partition("=")[2] if backends else "torch"
+    if backend == "verl":
+        from agentlightning.verl.cli import main as verl_main
+
+        verl_main(args)
+        return
+    if backend != "torch":
+        print(f"agl-train: backend must be torch or verl, got {backend!r}", file=sys.stderr)
+        raise SystemExit(2)
+    cfg = load_cli_config("train", args, prog="agl-train", strict=False)
     try:
         configure_logging(str(cfg.trainer.log_level))
     except ValueError as exc:

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
+from agentlightning.client import PromptIds
 from agentlightning.schemas import EVENT_MODEL_REQUEST
 from agentlightning.trainer.config import AggregationLevel
 from agentlightning.trainer.rows import CONTEXT_VERSION, TrainingRow
@@ -28,7 +29,7 @@ from agentlightning.trainer.rows import CONTEXT_VERSION, TrainingRow
 class Call:
     """One usable model call, as the triplet view gives it."""
 
-    prompt_ids: list[int]
+    prompt_ids: list[int] | PromptIds  # PromptIds: collected in the triplet_delta format
     response_ids: list[int]
     log_probs: list[float] | None
     version: int
@@ -71,7 +72,7 @@ def usable_calls(events: Iterable[dict[str, Any]], stats: AggregationStats) -> l
             continue
         prompt = data.get("prompt_token_ids")
         response = data.get("response_token_ids")
-        if not (isinstance(prompt, list) and prompt and isinstance(response, list) and response):
+        if not (isinstance(prompt, list | PromptIds) and prompt and isinstance(response, list) and response):
             stats.n_calls_no_tokens += 1
             continue
         log_probs = data.get("response_log_probs")
@@ -90,10 +91,22 @@ def usable_calls(events: Iterable[dict[str, Any]], stats: AggregationStats) -> l
 class _OpenRow:
     """A row being built: the first call's prompt, then responses and context in between."""
 
-    __slots__ = ("log_probs", "mask", "n_calls", "prompt", "response", "seq_len", "turn_index", "versions")
+    __slots__ = (
+        "last_prompt",
+        "last_response",
+        "log_probs",
+        "mask",
+        "n_calls",
+        "prompt",
+        "response",
+        "seq_len",
+        "turn_index",
+        "versions",
+    )
 
     def __init__(self, call: Call, turn_index: int) -> None:
-        self.prompt = call.prompt_ids
+        p = call.prompt_ids
+        self.prompt: list[int] = p.whole() if isinstance(p, PromptIds) else p
         self.response: list[int] = list(call.response_ids)
         self.mask: list[int] = [1] * len(call.response_ids)
         self.versions: list[int] = [call.version] * len(call.response_ids)
@@ -101,10 +114,15 @@ class _OpenRow:
         self.seq_len = len(self.prompt) + len(self.response)
         self.turn_index = turn_index
         self.n_calls = 1
+        self.last_prompt, self.last_response = call.prompt_ids, call.response_ids  # the last call merged
 
     def extends(self, call: Call) -> bool:
         """Whether the call's prompt begins with exactly this row's tokens so far."""
         p = call.prompt_ids
+        if isinstance(p, PromptIds) and p.base is self.last_prompt and p.shared == len(p.base):
+            # The last merged call's whole prompt, which is this row's tokens up to there, then
+            # new ids: only that call's response is left to compare.
+            return len(p) >= self.seq_len and p[p.shared : self.seq_len] == self.last_response
         n_prompt = len(self.prompt)
         return (
             len(p) >= self.seq_len
@@ -129,6 +147,7 @@ class _OpenRow:
                 self.log_probs += call.log_probs
         self.seq_len = len(call.prompt_ids) + n_resp
         self.n_calls += 1
+        self.last_prompt, self.last_response = call.prompt_ids, call.response_ids
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,9 @@ class CollectedRollout:
     rollout_id: str
     group_id: str  # the prompt's data_id
     state: RolloutState  # succeeded or failed
-    events: list[dict[str, Any]] = field(default_factory=list)  # triplet-format events of the last attempt
+    # Triplet-format events of the last attempt; a prompt_token_ids may be a client.PromptIds
+    # (collected in the triplet_delta format): it reads like the list, `whole()` builds it.
+    events: list[dict[str, Any]] = field(default_factory=list)
     is_train: bool = True
     step: int = 0  # the step whose batch created it (its age is current step - step)
     sample_idx: int = 0  # the prompt's index in that batch

@@ -11,8 +11,11 @@
   period, or any unfinished rollout when none of ours has finished for that long (a lost
   controller), is failed by the trainer and reported as lost.
 * Finished rollouts' triplet events are fetched in batch requests (several at a time; one
-  request per rollout from a v1.0 Gateway). Unless `keep_rollouts` is set, they are deleted
-  from the Gateway in the background once the trainer waits for rollouts again.
+  request per rollout from a v1.0 Gateway), in the `triplet_delta` format where the Gateway
+  has it: a call's prompt comes as a reference to an earlier call's plus the new ids, so a
+  long-horizon rollout's shared prefixes are not sent again (docs/long_horizon.md). Unless
+  `keep_rollouts` is set, they are deleted from the Gateway in the background once the
+  trainer waits for rollouts again.
 """
 
 from __future__ import annotations
@@ -25,7 +28,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from agentlightning.client import Conflict, GatewayClient, GatewayError, NotFound
+from agentlightning.client import (
+    BadRequest,
+    Conflict,
+    GatewayClient,
+    GatewayError,
+    NotFound,
+    expand_prompt_refs,
+)
 from agentlightning.log import get_logger
 from agentlightning.schemas import (
     MAX_BATCH_IDS,
@@ -109,6 +119,7 @@ class RolloutManager:
         self._group_counter = itertools.count()
         self._cursor: int | None = None
         self._batch_routes: bool | None = None  # None: not known yet
+        self._delta_format = True  # False: the Gateway's batch route has no triplet_delta
         self._deletions: list[Future[int]] = []
         self._to_delete: list[str] = []
         self._stall_seconds = agl.rollout_timeout_seconds + agl.rollout_grace_seconds
@@ -297,8 +308,16 @@ class RolloutManager:
     def _fetch_chunk(self, items: Sequence[TerminalItem]) -> list[CollectedRollout]:
         """Events of several finished rollouts: one batch request, or one each from a v1.0 Gateway."""
         if self._batch_routes is not False:
+            delta = self._delta_format
             try:
-                answers = self.client.get_events_batch([item.rollout_id for item in items])
+                answers = self.client.get_events_batch(
+                    [item.rollout_id for item in items], format="triplet_delta" if delta else "triplet"
+                )
+            except BadRequest:
+                if not delta:
+                    raise
+                self._delta_format = False  # a Gateway from before the format: whole triplets
+                return self._fetch_chunk(items)
             except (NotFound, GatewayError) as exc:
                 if isinstance(exc, NotFound) or exc.status_code == 405:
                     self._batch_routes = False  # no batch routes (v1.0): one request per rollout
@@ -306,6 +325,9 @@ class RolloutManager:
                     raise
             else:
                 self._batch_routes = True
+                if delta:
+                    for a in answers:
+                        expand_prompt_refs(a["events"], lazy=True)
                 return [
                     self._collected(item, a["events"], a.get("error_message"))
                     if a["found"]

@@ -11,8 +11,9 @@ from types import ModuleType
 
 import pytest
 
-from agentlightning.torch_backend.config import load_loop_config, load_torch_backend_config
+from agentlightning.torch_backend.config import load_torch_backend_config
 from agentlightning.trainer.config import load_core_config
+from agentlightning.trainer.loop_config import load_loop_config
 from tests.examples.harness import EXAMPLES
 
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import base64
+
 import httpx
+import orjson
 import pytest
 
-from agentlightning.client import BadRequest, GatewayClient
+from agentlightning.client import BadRequest, GatewayClient, expand_prompt_refs
 from agentlightning.schemas import MAX_BATCH_IDS, RolloutState
+from agentlightning.server.triplet import to_triplet
 
 
 def _call(prompt: list[int], response: list[int]) -> dict:
@@ -74,3 +78,84 @@ def test_batch_routes_refuse_bad_bodies_saying_what_is_wrong(gateway):
     )
     assert answer.status_code == 422 and "extra" in answer.text
     assert httpx.post(f"{gateway.url}/api/rollouts/batch/events", json={"rollout_ids": []}).status_code == 401
+
+
+def _chat(prompt: list[int], messages: list[dict], response: list[int]) -> dict:
+    return {
+        "request": {"messages": messages},
+        "response": {
+            "prompt_token_ids": prompt,
+            "choices": [
+                {"token_ids": response, "logprobs": {"content": [{"logprob": -0.5} for _ in response]}}
+            ],
+        },
+        "server": {"model": "policy", "version": 3},
+        "http_status": 200,
+    }
+
+
+def test_calls_stored_as_deltas_read_back_byte_for_byte_on_every_route(gateway):
+    """Raw, triplet and batch reads return exactly the JSON of what was posted; the collection
+    format sends each call's new prompt ids only."""
+    posted = []
+    prompt, messages = list(range(100, 700)), [{"role": "user", "content": "go"}]  # long enough to split
+    for t in range(5):
+        posted.append(("model_request", _chat(list(prompt), list(messages), [7, t])))
+        if t == 2:
+            posted.append(
+                ("model_request", {"request": {"messages": messages}, "response": None, "status": "error"})
+            )
+        prompt = [*prompt, 7, t, 50, 51]
+        messages = [*messages, {"role": "assistant", "content": f"a{t}"}, {"role": "tool", "content": "é\n"}]
+    posted.append(("reward", {"value": 1.0}))
+    with GatewayClient(gateway.url, gateway.key) as c:
+        c.create_rollouts([{"rollout_id": "long", "input": {}}])
+        c.patch_rollout("long", state="running", last_attempt_id="a1")
+        for event_type, data in posted:
+            c.post_event("long", "a1", event_type, data)
+        http = c._http
+        auth = {"Authorization": f"Bearer {gateway.key}"}
+        raw = http.get(f"{gateway.url}/api/rollouts/long/events", headers=auth).content
+        triplet = http.get(f"{gateway.url}/api/rollouts/long/events?format=triplet", headers=auth).content
+        batch = {
+            fmt: http.post(
+                f"{gateway.url}/api/rollouts/batch/events",
+                json={"rollout_ids": ["long"], "format": fmt},
+                headers=auth,
+            ).content
+            for fmt in ("raw", "triplet", "triplet_delta")
+        }
+
+    def expected(answer: bytes, payloads: list[bytes]) -> bytes:
+        heads = [
+            orjson.dumps(
+                {k: e[k] for k in ("event_type", "rollout_id", "attempt_id", "timestamp", "sequence")}
+            )
+            for e in orjson.loads(answer)
+        ]
+        assert len(heads) == len(payloads)
+        return (
+            b"["
+            + b",".join(h[:-1] + b',"data":' + p + b"}" for h, p in zip(heads, payloads, strict=True))
+            + b"]"
+        )
+
+    assert raw == expected(raw, [orjson.dumps(d) for _, d in posted])
+    triplets = [orjson.dumps(to_triplet(t, d)[0]) for t, d in posted]
+    assert triplet == expected(triplet, triplets)
+    assert (
+        batch["raw"]
+        == b'[{"rollout_id":"long","found":true,"state":"running","error_message":null,"events":'
+        + raw
+        + b"}]"
+    )
+    assert batch["triplet"].endswith(b'"events":' + triplet + b"}]")
+    delta = orjson.loads(batch["triplet_delta"])[0]["events"]
+    calls = [
+        e["data"] for e in delta if e["event_type"] == "model_request" and e["data"].get("status") != "error"
+    ]
+    assert calls[0]["prompt_ref"] is None and len(base64.b64decode(calls[0]["prompt_suffix"])) == 600 * 4
+    assert [len(base64.b64decode(c["prompt_suffix"])) // 4 for c in calls[1:]] == [4, 4, 4, 4]
+    assert [c["prompt_ref"][1] for c in calls[1:]] == [600, 604, 608, 612]
+    assert orjson.dumps(expand_prompt_refs(delta)) == triplet
+    assert len(batch["triplet_delta"]) < len(batch["triplet"])

@@ -8,11 +8,14 @@ import random
 from agentlightning.server.triplet import _int_list, model_request_triplet, prompt_key
 
 
-def test_prompt_key_is_the_blake2b_of_repr() -> None:
+def test_prompt_key_is_the_blake2b_of_the_uint32_ids_else_of_repr() -> None:
     rng = random.Random(0)
     for n in (1, 2, 50, 4000):
-        ids = [rng.randrange(-5, 200_000) for _ in range(n)]
-        assert prompt_key(ids) == hashlib.blake2b(repr(ids).encode(), digest_size=16).hexdigest()
+        ids = [rng.randrange(0, 200_000) for _ in range(n)]
+        raw = b"".join(i.to_bytes(4, "little") for i in ids)
+        assert prompt_key(ids) == hashlib.blake2b(raw, digest_size=16).hexdigest()
+        beyond = [*ids, rng.choice([-1, 2**32, 2**40])]
+        assert prompt_key(beyond) == hashlib.blake2b(repr(beyond).encode(), digest_size=16).hexdigest()
 
 
 def test_int_list_accepts_plain_ints_only() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 from collections import Counter
@@ -11,10 +12,11 @@ import pytest
 
 from agentlightning.client import GatewayClient, NotFound, RetryPolicy, ServerError
 from agentlightning.schemas import RolloutState
+from agentlightning.trainer.aggregation import aggregate_rollout
 from agentlightning.trainer.batch import build_training_batch
 from agentlightning.trainer.config import load_core_config
 from agentlightning.trainer.manager import RolloutManager
-from tests.trainer.driver import Driver, finish, two_turn_calls
+from tests.trainer.driver import Driver, finish, raw_call, two_turn_calls
 
 
 def _config(gateway, **agl):
@@ -273,3 +275,71 @@ def test_submit_registers_the_current_endpoints_again(gateway):
         models = manager.client.list_models()
         manager.abandon()
     assert [(m.model, m.endpoint, m.version) for m in models] == [("policy", "http://127.0.0.1:9001/v1", 3)]
+
+
+def _long_calls(seed: int) -> list[dict]:
+    """Six calls, each extending the last, one retried and one failed in between."""
+    calls = []
+    prompt = [*range(1000, 1600), seed]  # long enough to be stored as deltas
+    for t in range(6):
+        response = [20 + t, 21 + seed]
+        calls.append(raw_call(prompt, response, [-0.5, -0.25], 0))
+        if t == 2:
+            calls.append(raw_call(prompt, response, [-0.5, -0.25], 0))  # a retry: same prompt
+            calls.append({"response": None, "http_status": 502, "status": "error", "error": "boom"})
+        prompt = prompt + response + [90 + t] * 3
+    return calls
+
+
+def test_collects_in_the_delta_format_and_rebuilds_the_triplet_view(gateway):
+    cfg = _config(gateway, keep_rollouts=True)
+    bodies: list[bytes] = []
+
+    def plan(rollout):
+        return _long_calls(rollout.metadata.model_extra["index_in_group"]), 1.0, RolloutState.SUCCEEDED
+
+    with RolloutManager(cfg) as manager, Driver(gateway.url, gateway.key, plan):
+        manager.client._http.event_hooks["request"] = [
+            lambda r: bodies.append(r.content) if r.url.path.endswith("/batch/events") else None
+        ]
+        rollouts, _ = manager.collect([{"k": 0}], step=0)
+    assert bodies and all(b'"triplet_delta"' in b for b in bodies)
+    with GatewayClient(gateway.url, gateway.key) as client:
+        whole = client.get_events_batch([r.rollout_id for r in rollouts], format="triplet")
+        delta = client.get_events_batch([r.rollout_id for r in rollouts], format="triplet_delta")
+    for rollout, answer, answer_delta in zip(rollouts, whole, delta, strict=True):
+        assert rollout.events == answer["events"]
+        calls = [e["data"] for e in answer_delta["events"] if e["event_type"] == "model_request"]
+        # the first call whole, each later one a reference and only its new ids
+        ok = [c for c in calls if c.get("status") != "error"]
+        assert ok[0]["prompt_ref"] is None and all(c["prompt_ref"] is not None for c in ok[1:])
+        assert all(len(base64.b64decode(c["prompt_suffix"])) == 5 * 4 for c in ok[1:])
+    for r in rollouts:
+        (row,) = aggregate_rollout(r.events, r.rollout_id, r.group_id, 1.0)
+        assert row.n_calls == 6 and len(row.prompt_ids) == 601
+
+
+class _NoDeltaFormat(httpx.HTTPTransport):
+    """A Gateway from before the triplet_delta format: its batch route refuses it (422)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/batch/events") and b'"triplet_delta"' in request.content:
+            self.refused += 1
+            return httpx.Response(422, json={"detail": [{"loc": ["body", "format"], "msg": "bad"}]})
+        return super().handle_request(request)
+
+
+def test_a_gateway_without_the_delta_format_is_read_in_the_triplet_format(gateway):
+    cfg = _config(gateway)
+    transport = _NoDeltaFormat()
+    client = GatewayClient(gateway.url, gateway.key, transport=transport)
+    plan = lambda rollout: (_long_calls(0), 1.0, RolloutState.SUCCEEDED)  # noqa: E731
+    with RolloutManager(cfg, client=client) as manager, Driver(gateway.url, gateway.key, plan):
+        rollouts, _ = manager.collect([{"k": 0}, {"k": 1}], step=0)
+    assert transport.refused == 1  # asked once, then remembered
+    assert all(sum(e["event_type"] == "model_request" for e in r.events) == 7 for r in rollouts)
+    assert all(len(aggregate_rollout(r.events, r.rollout_id, r.group_id, 1.0)) == 1 for r in rollouts)

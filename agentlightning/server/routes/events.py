@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 import orjson
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
@@ -20,9 +20,10 @@ from agentlightning.schemas import (
     RolloutEvents,
     now,
 )
-from agentlightning.server.events import UnencodableEvent, make_record, render_events
+from agentlightning.server.events import UnencodableEvent, appended_event, make_record, render_events
 from agentlightning.server.state import GatewayState, state_dependency
 from agentlightning.server.store import RolloutNotFound, StoredEvent
+from agentlightning.server.store.delta import View
 
 router = APIRouter(prefix="/api/rollouts", tags=["events"])
 State = Annotated[GatewayState, Depends(state_dependency)]
@@ -62,7 +63,7 @@ async def post_event(rollout_id: PathId, attempt_id: PathId, request: Request, s
     except UnencodableEvent as exc:
         raise HTTPException(422, str(exc)) from None
     sequence = await state.store.append_event(record)
-    return Response(render_events([StoredEvent(sequence, record)])[1:-1], media_type="application/json")
+    return Response(appended_event(sequence, record), media_type="application/json")
 
 
 @router.get(
@@ -92,7 +93,7 @@ async def _attempt_events(
     rollout: Rollout,
     attempt_id: str | None,
     event_type: str | None,
-    view: Literal["data", "triplet"],
+    view: View,
 ) -> list[StoredEvent]:
     """Events of `attempt_id`, or of the last attempt (see docs/gateway.md)."""
     if attempt_id is None:
@@ -114,7 +115,7 @@ async def batch_events(body: BatchEventsQuery, state: State) -> Response:
     """The events of many rollouts' last attempts in one answer (an addition over v1.0): a
     trainer collecting a step reads hundreds of rollouts, and one request per rollout would
     cost more than the reads themselves. An unknown id answers `found: false`."""
-    view = "triplet" if body.format == "triplet" else "data"
+    view: View = "data" if body.format == "raw" else body.format
     parts: list[bytes] = []
     for rollout_id in body.rollout_ids:
         rollout = await state.store.get_rollout(rollout_id)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from agentlightning.schemas import (
     Model,
@@ -41,6 +41,9 @@ class EventRecord:
     data: bytes  # JSON of the event's data
     triplet: bytes | None = None  # JSON of its training view, None if triplets omit it
     prompt_key: str | None = None  # identifies the prompt for triplet de-duplication
+    # A model call stored as a delta (store/delta.py): on append its `CallDraft`, in a store the
+    # encoded delta, with `data`/`triplet` holding the rest; None for events stored whole.
+    call: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,11 +158,13 @@ class Store(abc.ABC):
         rollout_id: str,
         attempt_id: str | None = None,
         event_type: str | None = None,
-        view: Literal["data", "triplet"] = "data",
+        view: Literal["data", "triplet", "triplet_delta"] = "data",
     ) -> list[StoredEvent]:
-        """One rollout's events in append order, optionally of one attempt and one type.
+        """One rollout's events in append order, optionally of one attempt and one type, whole
+        (calls stored as deltas are rebuilt: see store/delta.py).
 
-        `view="triplet"` returns only events with a triplet view and may leave `data` empty.
+        `view="triplet"` returns only events with a triplet view and may leave `data` empty;
+        `view="triplet_delta"` those de-duplicated, with prompts as references (delta.materialize).
         """
 
     @abc.abstractmethod

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Collection
-from typing import Literal
 
 from agentlightning.schemas import (
     Model,
@@ -23,6 +22,7 @@ from agentlightning.server.store.base import (
     apply_patch,
     group_id_of,
 )
+from agentlightning.server.store.delta import CallDraft, CallIndex, View, materialize
 
 
 class MemoryStore(Store):
@@ -35,6 +35,7 @@ class MemoryStore(Store):
         self._terminal_ids: dict[int, str] = {}
         self._terminal_seq_of: dict[str, int] = {}
         self._models: dict[tuple[str, str], Model] = {}
+        self._calls = CallIndex()
 
     async def open(self) -> None:
         return None
@@ -80,6 +81,7 @@ class MemoryStore(Store):
         self._terminal_seq_of[rollout_id] = seq
 
     async def delete_rollout(self, rollout_id: str) -> bool:
+        self._calls.forget(rollout_id)
         if self._rollouts.pop(rollout_id, None) is None:
             return False
         self._events.pop(rollout_id, None)
@@ -118,8 +120,13 @@ class MemoryStore(Store):
         events = self._events.get(record.rollout_id)
         if events is None:
             raise RolloutNotFound(record.rollout_id)
+        pending = None
+        if isinstance(record.call, CallDraft):
+            record, pending = self._calls.encode(record, record.call)
         self._sequence += 1
         events.append(StoredEvent(self._sequence, record))
+        if pending is not None:
+            self._calls.remember(pending, self._sequence)
         return self._sequence
 
     async def list_events(
@@ -127,15 +134,16 @@ class MemoryStore(Store):
         rollout_id: str,
         attempt_id: str | None = None,
         event_type: str | None = None,
-        view: Literal["data", "triplet"] = "data",
+        view: View = "data",
     ) -> list[StoredEvent]:
-        return [
+        events = [
             e
             for e in self._events.get(rollout_id, ())
             if (attempt_id is None or e.record.attempt_id == attempt_id)
             and (event_type is None or e.record.event_type == event_type)
             and (view == "data" or e.record.triplet is not None)
         ]
+        return materialize(events, view)
 
     async def list_attempts(self, rollout_id: str) -> list[AttemptStats]:
         stats: dict[str, AttemptStats] = {}

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from agentlightning.schemas import (
     Model,
@@ -38,9 +38,10 @@ from agentlightning.server.store.base import (
     apply_patch,
     group_id_of,
 )
+from agentlightning.server.store.delta import CallDraft, CallIndex, View, materialize
 
 T = TypeVar("T")
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: events.call (model calls stored as deltas, store/delta.py)
 MAX_BATCH = 1024
 CHECKPOINT_INTERVAL_S = 0.5
 
@@ -65,7 +66,8 @@ CREATE TABLE IF NOT EXISTS events (
     ts REAL NOT NULL,
     data BLOB NOT NULL,
     triplet BLOB,
-    prompt_key TEXT
+    prompt_key TEXT,
+    call BLOB                                -- a model call stored as a delta (store/delta.py)
 );
 CREATE INDEX IF NOT EXISTS events_by_rollout ON events(rollout_id, attempt_id, seq);
 CREATE TABLE IF NOT EXISTS models (
@@ -81,9 +83,9 @@ class StoreLocked(RuntimeError):
     pass
 
 
-EVENT_COLUMNS = "seq, rollout_id, attempt_id, event_type, ts, data, triplet, prompt_key"
-INSERT_EVENT = f"INSERT INTO events({EVENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?)"
-EVENTS_PER_STATEMENT = 100  # 800 parameters: under any SQLite's limit
+EVENT_COLUMNS = "seq, rollout_id, attempt_id, event_type, ts, data, triplet, prompt_key, call"
+INSERT_EVENT = f"INSERT INTO events({EVENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)"
+EVENTS_PER_STATEMENT = 100  # 900 parameters: under any SQLite's limit (999)
 
 
 class _Writer(threading.Thread):
@@ -200,7 +202,7 @@ class _Writer(threading.Thread):
         for start in range(0, len(rows), EVENTS_PER_STATEMENT):
             chunk = rows[start : start + EVENTS_PER_STATEMENT]
             params = [v for i, row in enumerate(chunk) for v in (next_seq + i, *row)]
-            marks = ",".join(["(?,?,?,?,?,?,?,?)"] * len(chunk))
+            marks = ",".join(["(?,?,?,?,?,?,?,?,?)"] * len(chunk))
             try:
                 conn.execute(f"INSERT INTO events({EVENT_COLUMNS}) VALUES {marks}", params)
             except sqlite3.IntegrityError:
@@ -269,6 +271,7 @@ class SqliteStore(Store):
         self._reader_conns: list[sqlite3.Connection] = []
         self._lock_fd: int | None = None
         self._next_terminal = 1  # touched only by the writer thread after open()
+        self._calls = CallIndex()  # touched only on the event loop
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -301,11 +304,13 @@ class SqliteStore(Store):
             has_tables = init.execute("SELECT count(*) FROM sqlite_master WHERE name='rollouts'").fetchone()[
                 0
             ]
-            if has_tables and version != SCHEMA_VERSION:
+            if has_tables and version not in (1, SCHEMA_VERSION):
                 raise RuntimeError(
                     f"{self.path} has store schema version {version}, this Gateway needs {SCHEMA_VERSION}"
                 )
             init.execute("PRAGMA journal_mode=WAL")
+            if has_tables and version == 1:  # its events stay as they are: stored whole
+                init.execute("ALTER TABLE events ADD COLUMN call BLOB")
             init.executescript(SCHEMA)
             init.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             last = init.execute("SELECT max(terminal_seq) FROM rollouts").fetchone()[0]
@@ -472,6 +477,8 @@ class SqliteStore(Store):
         return await self._write(op, savepoint=False)
 
     async def delete_rollout(self, rollout_id: str) -> bool:
+        self._calls.forget(rollout_id)  # before the delete is queued: later appends land after it
+
         def op(conn: sqlite3.Connection) -> bool:
             return conn.execute("DELETE FROM rollouts WHERE rollout_id=?", (rollout_id,)).rowcount > 0
 
@@ -496,6 +503,9 @@ class SqliteStore(Store):
     # --- events ---------------------------------------------------------------------------
 
     async def append_event(self, record: EventRecord) -> int:
+        pending = None
+        if isinstance(record.call, CallDraft):
+            record, pending = self._calls.encode(record, record.call)
         row = (
             record.rollout_id,
             record.attempt_id,
@@ -504,18 +514,22 @@ class SqliteStore(Store):
             record.data,
             record.triplet,
             record.prompt_key,
+            record.call,
         )
-        return await self._write(row)
+        seq = await self._write(row)
+        if pending is not None:
+            self._calls.remember(pending, seq)
+        return seq
 
     async def list_events(
         self,
         rollout_id: str,
         attempt_id: str | None = None,
         event_type: str | None = None,
-        view: Literal["data", "triplet"] = "data",
+        view: View = "data",
     ) -> list[StoredEvent]:
         payload = "data, NULL" if view == "data" else "x'', triplet"
-        sql = f"SELECT seq, attempt_id, event_type, ts, {payload}, prompt_key FROM events WHERE rollout_id=?"
+        sql = f"SELECT seq, attempt_id, event_type, ts, {payload}, prompt_key, call FROM events WHERE rollout_id=?"
         args: list[Any] = [rollout_id]
         if attempt_id is not None:
             sql += " AND attempt_id=?"
@@ -523,11 +537,19 @@ class SqliteStore(Store):
         if event_type is not None:
             sql += " AND event_type=?"
             args.append(event_type)
-        if view == "triplet":
+        if view != "data":
             sql += " AND triplet IS NOT NULL"
         sql += " ORDER BY seq"
-        rows = await self._read(lambda c: c.execute(sql, args).fetchall())
-        return [StoredEvent(r[0], EventRecord(rollout_id, r[1], r[2], r[3], r[4], r[5], r[6])) for r in rows]
+
+        def op(c: sqlite3.Connection) -> list[StoredEvent]:
+            rows = c.execute(sql, args).fetchall()
+            events = [
+                StoredEvent(r[0], EventRecord(rollout_id, r[1], r[2], r[3], r[4], r[5], r[6], r[7]))
+                for r in rows
+            ]
+            return materialize(events, view)
+
+        return await self._read(op)
 
     async def list_attempts(self, rollout_id: str) -> list[AttemptStats]:
         rows = await self._read(

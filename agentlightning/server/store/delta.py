@@ -1,0 +1,585 @@
+"""Model calls stored as deltas: a rollout's stored bytes grow with its unique tokens, not quadratically.
+
+Every call of a multi-turn agent re-sends the whole conversation, so a `model_request` event
+repeats all earlier prompt token ids and messages. Within one attempt, a call is stored as a
+reference to an earlier call plus what is new:
+
+* prompt token ids: `(tok_base, tok_shared, suffix)` — the first `tok_shared` ids of call
+  `tok_base`'s prompt, then `suffix` (uint32 little-endian, 4 bytes an id instead of ~7 as
+  JSON text);
+* request messages: `(msg_base, msg_shared, new messages)` — the first `msg_shared` messages of
+  call `msg_base`, then the new ones (each its own JSON text);
+* response token ids (uint32) and the triplet's log-probs (float64: exact, 8 bytes instead of
+  ~20 as JSON text) once, in binary, instead of in both the raw payload and the triplet view.
+
+The rest of the payload is kept as JSON with placeholders where those lists were; reads splice
+them back, so every read route returns byte-for-byte the JSON a plain store returns.
+
+Finding the call to refer to costs no scan of the rollout's history: per attempt, a small LRU
+index keeps the last few calls' prompt digests (blake2b of the prefix at every `BLOCK` ids and
+of the whole prompt) and message hashes. A new prompt is hashed once, in blocks; the earlier
+call sharing the longest prefix is chosen (its whole prompt, or a whole number of blocks).
+A call whose base is unknown (the index forgot it, the Gateway restarted) is stored whole.
+"""
+
+from __future__ import annotations
+
+import array
+import base64
+import hashlib
+import struct
+import sys
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+
+from agentlightning.schemas import EVENT_MODEL_REQUEST
+from agentlightning.server.store.base import EventRecord, StoredEvent
+from agentlightning.server.triplet import keep_last_per_prompt
+
+BLOCK = 1024  # prompt ids per digest block: a shared prefix is found to this granularity
+# Calls with shorter prompts are stored whole: splitting costs more than it saves there (the
+# proxy's per-call CPU), and a longer call extending one is stored whole once, then is a base.
+MIN_PROMPT_IDS = 512
+CANDIDATES = 4  # earlier calls per attempt an extension is looked for in (interleaved conversations)
+INDEX_ATTEMPTS = 16384  # attempts the index keeps (LRU); ~2.5 KB each for 34k-token contexts
+
+PH_PROMPT = "\x00agl:prompt_token_ids"
+PH_RESPONSE = "\x00agl:token_ids"
+PH_MESSAGES = "\x00agl:messages"
+J_PROMPT = orjson.dumps(PH_PROMPT)
+J_RESPONSE = orjson.dumps(PH_RESPONSE)
+J_MESSAGES = orjson.dumps(PH_MESSAGES)
+PH_MARK = b'"\\u0000agl:'  # how every placeholder's JSON begins
+
+FORMAT = 1
+F_PROMPT = 1  # the raw payload's prompt ids were taken out
+F_MESSAGES = 2  # the raw payload's request messages were taken out
+F_RESPONSE = 4  # the raw payload's first choice token ids were taken out
+F_LOGPROBS = 8  # the triplet has log-probs (float64)
+# format, flags, tok_base, tok_shared, msg_base, msg_shared, suffix ids, response ids, log-probs
+_HEADER = struct.Struct("<BBqIqIIII")
+_LITTLE = sys.byteorder == "little"
+_TRIPLET_KEYS = ("prompt_token_ids", "response_token_ids", "response_log_probs")
+
+
+def ids_to_bytes(ids: list[int]) -> bytes | None:
+    """uint32 little-endian; None when an id does not fit (then the call is stored plainly)."""
+    try:
+        a = array.array("I", ids)
+    except (OverflowError, TypeError):
+        return None
+    if a.itemsize != 4:  # pragma: no cover - every platform we run on has a 4-byte unsigned int
+        return None
+    if not _LITTLE:  # pragma: no cover
+        a.byteswap()
+    return a.tobytes()
+
+
+def bytes_to_ids(raw: bytes | memoryview) -> list[int]:
+    a = array.array("I")
+    a.frombytes(raw)
+    if not _LITTLE:  # pragma: no cover
+        a.byteswap()
+    return a.tolist()
+
+
+def _floats_to_bytes(values: list[float]) -> bytes:
+    a = array.array("d", values)
+    if not _LITTLE:  # pragma: no cover
+        a.byteswap()
+    return a.tobytes()
+
+
+def _bytes_to_floats(raw: bytes | memoryview) -> list[float]:
+    a = array.array("d")
+    a.frombytes(raw)
+    if not _LITTLE:  # pragma: no cover
+        a.byteswap()
+    return a.tolist()
+
+
+# --- write side: splitting a call ---------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class PromptDigests:
+    """Digests of a prompt's prefixes: at every BLOCK ids, and of the whole."""
+
+    length: int
+    blocks: list[bytes]  # digest of the prefix of (k + 1) * BLOCK ids
+    full: bytes
+    states: list[Any] = field(default_factory=list)  # hasher state at k * BLOCK ids (k = 0, 1, …)
+
+    @classmethod
+    def of(cls, raw: bytes) -> PromptDigests:
+        h = hashlib.blake2b(digest_size=16)
+        view = memoryview(raw)
+        step = BLOCK * 4
+        states, blocks = [], []
+        n_full = len(raw) // step
+        for k in range(n_full):
+            states.append(h.copy())
+            h.update(view[k * step : (k + 1) * step])
+            blocks.append(h.digest())
+        states.append(h.copy())
+        h.update(view[n_full * step :])
+        return cls(len(raw) // 4, blocks, h.digest(), states)
+
+    def digest_at(self, raw: bytes, n: int) -> bytes:
+        """The digest of the first `n` ids (n <= length)."""
+        k = n // BLOCK
+        if n % BLOCK == 0 and k > 0:
+            return self.blocks[k - 1]
+        h = self.states[k].copy()
+        h.update(memoryview(raw)[k * BLOCK * 4 : n * 4])
+        return h.digest()
+
+
+@dataclass(slots=True)
+class CallDraft:
+    """A `model_request` event split for delta storage, before an earlier call is chosen as base.
+
+    The record's `data` holds the payload with placeholders, its `triplet` the triplet's other
+    fields (`server`, `http_status`, …) as a JSON object.
+    """
+
+    flags: int
+    prompt: bytes  # uint32 ids of the triplet's prompt (empty: none)
+    digests: PromptDigests | None
+    messages: list[bytes] | None  # JSON of each request message (None: not taken out)
+    message_hashes: tuple[int, ...]
+    response: bytes  # uint32 ids of the first choice
+    log_probs: bytes  # float64, when F_LOGPROBS
+    # the originals, for rendering the event whole right after it was appended
+    prompt_ids: list[int]
+    response_ids: list[int]
+
+    def full_data(self, residual: bytes) -> bytes:
+        return _splice(
+            residual,
+            self.flags,
+            self.prompt_ids,
+            self.messages or [],
+            self.response_ids,
+        )
+
+
+def _splice(
+    residual: bytes, flags: int, prompt: list[int], messages: list[bytes], response: list[int]
+) -> bytes:
+    out = residual
+    if flags & F_PROMPT:
+        out = out.replace(J_PROMPT, orjson.dumps(prompt), 1)
+    if flags & F_RESPONSE:
+        out = out.replace(J_RESPONSE, orjson.dumps(response), 1)
+    if flags & F_MESSAGES:  # last: the messages' text may hold a placeholder's text
+        out = out.replace(J_MESSAGES, b"[" + b",".join(messages) + b"]", 1)
+    return out
+
+
+def _render_triplet(prompt_part: bytes, response: bytes, log_probs: bytes | None, tail: bytes) -> bytes:
+    """The triplet's JSON, as orjson writes it: the three lists first, then the tail's fields."""
+    lp = orjson.dumps(_bytes_to_floats(log_probs)) if log_probs is not None else b"null"
+    return (
+        b"{"
+        + prompt_part
+        + b',"response_token_ids":'
+        + orjson.dumps(bytes_to_ids(response))
+        + b',"response_log_probs":'
+        + lp
+        + (b"," + tail[1:] if len(tail) > 2 else b"}")
+    )
+
+
+def split_call(data: dict[str, Any], triplet: dict[str, Any]) -> tuple[bytes, bytes, CallDraft] | None:
+    """`(payload with placeholders, triplet tail, draft)`, or None to store the call plainly
+    (a short prompt, ids beyond uint32, a placeholder already in the payload). Raises
+    orjson.JSONEncodeError.
+
+    `triplet` is `model_request_triplet(data)`: its id lists are the payload's own list objects."""
+    prompt_ids: list[int] = triplet["prompt_token_ids"]
+    if len(prompt_ids) < MIN_PROMPT_IDS:
+        return None
+    response_ids: list[int] = triplet["response_token_ids"]
+    log_probs = triplet["response_log_probs"]
+    prompt = ids_to_bytes(prompt_ids)
+    response = ids_to_bytes(response_ids)
+    if prompt is None or response is None:
+        return None
+    flags = 0
+    residual = dict(data)
+    n_placeholders = 0
+    resp = data.get("response")
+    if isinstance(resp, dict):
+        resp = dict(resp)
+        choices = resp.get("choices")
+        choice0 = (
+            choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+        )
+        if prompt_ids:  # where the triplet took them from: the top level (chat) or the first choice
+            if resp.get("prompt_token_ids") is prompt_ids:
+                resp["prompt_token_ids"] = PH_PROMPT
+            else:
+                assert choice0 is not None
+                choice0 = {**choice0, "prompt_token_ids": PH_PROMPT}
+            flags |= F_PROMPT
+            n_placeholders += 1
+        if choice0 is not None and choice0.get("token_ids") is response_ids:
+            choice0 = {**choice0, "token_ids": PH_RESPONSE}
+            flags |= F_RESPONSE
+            n_placeholders += 1
+        if choice0 is not None:
+            resp["choices"] = [choice0, *choices[1:]]  # type: ignore[index]
+        residual["response"] = resp
+    messages: list[bytes] | None = None
+    request = data.get("request")
+    if isinstance(request, dict) and isinstance(request.get("messages"), list):
+        messages = [orjson.dumps(m) for m in request["messages"]]
+        residual["request"] = {**request, "messages": PH_MESSAGES}
+        flags |= F_MESSAGES
+        n_placeholders += 1
+    encoded = orjson.dumps(residual)
+    if encoded.count(PH_MARK) != n_placeholders:
+        return None  # the payload itself contains a placeholder's text
+    lp = b""
+    if log_probs is not None:
+        flags |= F_LOGPROBS
+        lp = _floats_to_bytes(log_probs)
+    tail = orjson.dumps({k: v for k, v in triplet.items() if k not in _TRIPLET_KEYS})
+    draft = CallDraft(
+        flags=flags,
+        prompt=prompt,
+        digests=PromptDigests.of(prompt) if prompt else None,
+        messages=messages,
+        message_hashes=tuple(hash(m) for m in messages) if messages is not None else (),
+        response=response,
+        log_probs=lp,
+        prompt_ids=prompt_ids,
+        response_ids=response_ids,
+    )
+    return encoded, tail, draft
+
+
+def prompt_key_of(draft: CallDraft) -> str | None:
+    """The triplet dedup key of a split call: its whole prompt's digest."""
+    return draft.digests.full.hex() if draft.digests is not None else None
+
+
+# --- write side: the per-attempt index ----------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Candidate:
+    seq: int
+    length: int  # prompt ids (0: none)
+    blocks: list[bytes]
+    full: bytes
+    message_hashes: tuple[int, ...] | None
+
+
+@dataclass(slots=True)
+class PendingCall:
+    """What the index learns once the call's row is committed (`CallIndex.remember`)."""
+
+    generation: int
+    key: tuple[str, str]
+    candidate: _Candidate
+
+
+def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    if len(b) <= len(a) and a[: len(b)] == b:  # the usual case, compared in C
+        return len(b)
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class CallIndex:
+    """Per attempt, the last few calls' digests: which earlier call a new one extends.
+
+    Only committed calls are remembered, and a rollout's entries are dropped when it is deleted;
+    an append that raced a delete is not remembered (the generation changed), so a base is
+    always a row that exists in the same attempt.
+    """
+
+    def __init__(self, max_attempts: int = INDEX_ATTEMPTS) -> None:
+        self._max = max_attempts
+        self._attempts: OrderedDict[tuple[str, str], list[_Candidate]] = OrderedDict()
+        self._by_rollout: dict[str, set[str]] = {}
+        self.generation = 0
+
+    def __len__(self) -> int:
+        return len(self._attempts)
+
+    def encode(self, record: EventRecord, draft: CallDraft) -> tuple[EventRecord, PendingCall]:
+        """The record to store — the call as a delta against the best earlier call — and what
+        to remember once it is committed."""
+        key = (record.rollout_id, record.attempt_id)
+        candidates = self._attempts.get(key, ())
+        tok_base = tok_shared = msg_base = msg_shared = 0
+        d = draft.digests
+        for c in candidates:  # oldest first: a tie goes to the latest
+            if d is not None and c.length:
+                shared = 0
+                if c.length <= d.length and d.digest_at(draft.prompt, c.length) == c.full:
+                    shared = c.length
+                else:
+                    for mine, theirs in zip(d.blocks, c.blocks, strict=False):
+                        if mine != theirs:
+                            break
+                        shared += BLOCK
+                if shared and shared >= tok_shared:
+                    tok_base, tok_shared = c.seq, shared
+            if draft.messages is not None and c.message_hashes:
+                shared = _common_prefix(draft.message_hashes, c.message_hashes)
+                if shared and shared >= msg_shared:
+                    msg_base, msg_shared = c.seq, shared
+        suffix = draft.prompt[tok_shared * 4 :]
+        new_messages = b"\n".join(draft.messages[msg_shared:]) if draft.messages is not None else b""
+        blob = b"".join(
+            (
+                _HEADER.pack(
+                    FORMAT,
+                    draft.flags,
+                    tok_base,
+                    tok_shared,
+                    msg_base,
+                    msg_shared,
+                    len(suffix),
+                    len(draft.response),
+                    len(draft.log_probs),
+                ),
+                suffix,
+                draft.response,
+                draft.log_probs,
+                new_messages,
+            )
+        )
+        candidate = _Candidate(
+            seq=0,
+            length=d.length if d is not None else 0,
+            blocks=d.blocks if d is not None else [],
+            full=d.full if d is not None else b"",
+            message_hashes=draft.message_hashes if draft.messages is not None else None,
+        )
+        stored = EventRecord(
+            record.rollout_id,
+            record.attempt_id,
+            record.event_type,
+            record.timestamp,
+            record.data,
+            record.triplet,
+            record.prompt_key,
+            blob,
+        )
+        return stored, PendingCall(self.generation, key, candidate)
+
+    def remember(self, pending: PendingCall, seq: int) -> None:
+        if pending.generation != self.generation:
+            return  # a rollout was deleted meanwhile: perhaps this one, with this row
+        c = pending.candidate
+        c.seq = seq
+        key = pending.key
+        entries = self._attempts.get(key)
+        if entries is None:
+            entries = self._attempts[key] = []
+            self._by_rollout.setdefault(key[0], set()).add(key[1])
+            if len(self._attempts) > self._max:
+                (old_rid, old_aid), _ = self._attempts.popitem(last=False)
+                aids = self._by_rollout.get(old_rid)
+                if aids is not None:
+                    aids.discard(old_aid)
+                    if not aids:
+                        del self._by_rollout[old_rid]
+        else:
+            self._attempts.move_to_end(key)
+        # A retry of the same prompt replaces the earlier one; of calls without prompt ids
+        # (failed ones) only the last is kept, so that they cannot push the others out.
+        entries[:] = [e for e in entries if not (e.length == c.length and e.full == c.full)]
+        entries.append(c)
+        if len(entries) > CANDIDATES:
+            del entries[0]
+
+    def forget(self, rollout_id: str) -> None:
+        """Before a rollout's delete is submitted: nothing of it may be referred to any more."""
+        self.generation += 1
+        for aid in self._by_rollout.pop(rollout_id, ()):
+            self._attempts.pop((rollout_id, aid), None)
+
+
+# --- read side ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Decoded:
+    flags: int
+    tok_base: int
+    tok_shared: int
+    msg_base: int
+    msg_shared: int
+    suffix: memoryview
+    response: bytes
+    log_probs: bytes | None
+    new_messages: memoryview
+
+
+def _decode(blob: bytes) -> _Decoded:
+    fmt, flags, tok_base, tok_shared, msg_base, msg_shared, n_suffix, n_resp, n_lp = _HEADER.unpack_from(blob)
+    if fmt != FORMAT:
+        raise RuntimeError(f"stored call in format {fmt}, this Gateway reads format {FORMAT}")
+    view = memoryview(blob)
+    at = _HEADER.size
+    suffix = view[at : at + n_suffix]
+    at += n_suffix
+    response = bytes(view[at : at + n_resp])
+    at += n_resp
+    log_probs = bytes(view[at : at + n_lp]) if flags & F_LOGPROBS else None
+    at += n_lp
+    return _Decoded(flags, tok_base, tok_shared, msg_base, msg_shared, suffix, response, log_probs, view[at:])
+
+
+class _Calls:
+    """The decoded calls of one read, and their prompts and messages rebuilt on demand."""
+
+    def __init__(self) -> None:
+        self.decoded: dict[int, _Decoded] = {}
+        self._prompts: dict[int, list[int]] = {}
+        self._messages: dict[int, list[bytes]] = {}
+
+    def _base(self, seq: int, base: int) -> _Decoded:
+        d = self.decoded.get(base)
+        if d is None:
+            raise RuntimeError(f"stored call {seq} refers to call {base}, which is not in its attempt")
+        return d
+
+    def prompt(self, seq: int) -> list[int]:
+        """The whole prompt of call `seq` (memoized; the chain is walked without recursion)."""
+        chain = []
+        s = seq
+        while s not in self._prompts:
+            d = self.decoded[s]
+            chain.append(s)
+            if not d.tok_base:
+                break
+            self._base(s, d.tok_base)
+            s = d.tok_base
+        for s in reversed(chain):
+            d = self.decoded[s]
+            head = self._prompts[d.tok_base][: d.tok_shared] if d.tok_base else []
+            self._prompts[s] = head + bytes_to_ids(d.suffix)
+        return self._prompts[seq]
+
+    def messages(self, seq: int) -> list[bytes]:
+        chain = []
+        s = seq
+        while s not in self._messages:
+            d = self.decoded[s]
+            chain.append(s)
+            if not d.msg_base:
+                break
+            self._base(s, d.msg_base)
+            s = d.msg_base
+        for s in reversed(chain):
+            d = self.decoded[s]
+            head = self._messages[d.msg_base][: d.msg_shared] if d.msg_base else []
+            new = bytes(d.new_messages).split(b"\n") if len(d.new_messages) else []
+            self._messages[s] = head + new
+        return self._messages[seq]
+
+
+View = Literal["data", "triplet", "triplet_delta"]
+
+
+def materialize(events: list[StoredEvent], view: View) -> list[StoredEvent]:
+    """Whole events from stored ones (one rollout's, in order): calls stored as deltas get their
+    payloads back.
+
+    `data`: the raw payload; `triplet`: the triplet view; `triplet_delta` (the collection
+    format): the triplet view already de-duplicated (of calls with identical prompts only the
+    last), each call stored as a delta given as `prompt_ref: [i, n]` (the first n prompt ids of
+    the event at index i of the answer; null: none) and `prompt_suffix` (the ids after them),
+    its id lists base64 of uint32 and its log-probs base64 of float64, little-endian. Calls
+    stored whole keep the `triplet` form.
+    """
+    stored = events
+    if view == "triplet_delta":
+        keys = [e.record.prompt_key if e.record.event_type == EVENT_MODEL_REQUEST else None for e in events]
+        events = [events[i] for i in keep_last_per_prompt(keys)]
+    if not any(e.record.call is not None for e in stored):
+        return events
+    calls = _Calls()
+    for e in stored:  # those left out too: a kept call's prompt may refer to one
+        if isinstance(e.record.call, bytes):
+            calls.decoded[e.sequence] = _decode(e.record.call)
+    position = {e.sequence: i for i, e in enumerate(events)}
+    out = []
+    for e in events:
+        r = e.record
+        d = calls.decoded.get(e.sequence)
+        if d is None:
+            out.append(e)
+            continue
+        if view == "data":
+            response = bytes_to_ids(d.response) if d.flags & F_RESPONSE else []
+            prompt = calls.prompt(e.sequence) if d.flags & F_PROMPT else []
+            messages = calls.messages(e.sequence) if d.flags & F_MESSAGES else []
+            payload = _splice(r.data, d.flags, prompt, messages, response)
+            out.append(StoredEvent(e.sequence, _replace(r, data=payload, triplet=None)))
+            continue
+        assert r.triplet is not None
+        if view == "triplet":
+            part = b'"prompt_token_ids":' + orjson.dumps(calls.prompt(e.sequence))
+            payload = _render_triplet(part, d.response, d.log_probs, r.triplet)
+        else:
+            payload = _render_packed(calls, e.sequence, d, position, r.triplet)
+        out.append(StoredEvent(e.sequence, _replace(r, data=b"", triplet=payload)))
+    return out
+
+
+def _b64(raw: bytes | memoryview) -> bytes:
+    return b'"' + base64.b64encode(raw) + b'"'
+
+
+def _render_packed(calls: _Calls, seq: int, d: _Decoded, position: dict[int, int], tail: bytes) -> bytes:
+    """A call in the `triplet_delta` format: `prompt_ref` against the nearest ancestor in the
+    answer (null: none), then the lists as base64 of their stored uint32 / float64 bytes."""
+    shared, base = d.tok_shared, d.tok_base
+    while base and base not in position:  # its base was left out (an earlier retry of a prompt)
+        b = calls.decoded[base]
+        shared = min(shared, b.tok_shared)
+        base = b.tok_base
+    if not base or not shared:
+        ref, suffix = b"null", (d.suffix if not d.tok_base else ids_to_bytes(calls.prompt(seq)))
+    else:
+        ref = orjson.dumps([position[base], shared])
+        suffix = d.suffix if base == d.tok_base else ids_to_bytes(calls.prompt(seq)[shared:])
+    assert suffix is not None  # ids that were stored as uint32 fit uint32
+    return (
+        b'{"prompt_ref":'
+        + ref
+        + b',"prompt_suffix":'
+        + _b64(suffix)
+        + b',"response_token_ids":'
+        + _b64(d.response)
+        + b',"response_log_probs":'
+        + (_b64(d.log_probs) if d.log_probs is not None else b"null")
+        + (b"," + tail[1:] if len(tail) > 2 else b"}")
+    )
+
+
+def _replace(r: EventRecord, data: bytes, triplet: bytes | None) -> EventRecord:
+    return EventRecord(
+        rollout_id=r.rollout_id,
+        attempt_id=r.attempt_id,
+        event_type=r.event_type,
+        timestamp=r.timestamp,
+        data=data,
+        triplet=triplet,
+        prompt_key=r.prompt_key,
+    )

@@ -1,0 +1,190 @@
+"""The verl backend's configuration: verl's `ppo_trainer` defaults plus our keys, validated.
+
+`compose_config` builds the packaged `config.yaml` (verl's defaults through the Hydra search
+path `pkg://verl/trainer/config`, then ours) and merges a user config over it. A config written
+for the torch backend also works: keys verl does not know (the torch engine's `rollout.device`,
+`trainer.torch_threads`, …) are left out of the view verl sees (`verl_view`) and logged once.
+
+`validate` checks, in this order: the trainer core's keys (`load_core_config`), the loss set-up
+the per-rollout mean needs, our backend keys, then verl's own `validate_config` on the verl view —
+and turns every failure into a `ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf
+
+from agentlightning.log import get_logger
+from agentlightning.trainer.config import ConfigError, CoreConfig, load_core_config
+from agentlightning.verl.loss import LOSS_AGG_MODE, PER_ROLLOUT_MEAN
+
+log = get_logger("verl_config")
+
+# Keys of ours inside verl's sections: read by the backend, removed from verl's view.
+OUR_KEYS = (
+    "actor_rollout_ref.actor.old_log_prob_source",
+    "actor_rollout_ref.actor.tis_imp_ratio_cap",
+)
+
+
+@dataclass(frozen=True)
+class VerlBackendConfig:
+    """What the backend reads beyond the core and verl."""
+
+    old_log_prob_source: str = "rollout"  # rollout | recompute
+    tis_imp_ratio_cap: float = -1.0
+
+
+@functools.cache
+def _packaged() -> DictConfig:
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="agentlightning.verl", version_base=None):
+            return compose(config_name="config")
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def compose_config(
+    user: DictConfig | Mapping[str, Any] | None = None, overrides: Sequence[str] = ()
+) -> DictConfig:
+    """The packaged config (verl's defaults + ours) with `user` merged over it, then `overrides`."""
+    base = copy.deepcopy(_packaged())
+    OmegaConf.set_struct(base, False)
+    if user is not None:
+        base = OmegaConf.merge(base, user if isinstance(user, DictConfig) else OmegaConf.create(dict(user)))
+    if overrides:
+        base = OmegaConf.merge(base, OmegaConf.from_dotlist(list(overrides)))
+    return base  # type: ignore[return-value]
+
+
+@functools.cache
+def _packaged_keys() -> dict[str, Any]:
+    """The packaged config as a plain dict: which keys verl (and we) declare."""
+    return OmegaConf.to_container(compose_config(), resolve=False)  # type: ignore[return-value]
+
+
+def _unknown_keys(cfg: Any, known: Any, prefix: str = "") -> list[str]:
+    """Dotted keys of `cfg` that `known` does not have (inside mappings `known` declares)."""
+    if not isinstance(cfg, dict) or not isinstance(known, dict):
+        return []
+    out: list[str] = []
+    for key, value in cfg.items():
+        path = f"{prefix}{key}"
+        if key not in known:
+            out.append(path)
+        elif isinstance(known[key], dict) and known[key]:
+            out += _unknown_keys(value, known[key], f"{path}.")
+    return out
+
+
+@functools.cache
+def _torch_backend_keys() -> frozenset[str]:
+    """Every `actor_rollout_ref.*` key the torch backend's config declares, dotted."""
+    from agentlightning.torch_backend.config import TorchBackendConfig
+
+    keys: set[str] = set()
+
+    def walk(prefix: str, cls: type) -> None:
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
+            if dataclasses.is_dataclass(default):
+                walk(f"{prefix}{f.name}.", type(default))
+            else:
+                keys.add(f"{prefix}{f.name}")
+
+    walk("actor_rollout_ref.", TorchBackendConfig)
+    return frozenset(keys)
+
+
+def verl_view(cfg: DictConfig) -> DictConfig:
+    """`cfg` without what verl does not read: the agentlightning block, our keys, other backends' keys."""
+    view = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    OmegaConf.set_struct(view, False)
+    view.pop("agentlightning", None)
+    for key in OUR_KEYS:
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(view, parent)
+        if isinstance(node, DictConfig):
+            node.pop(leaf, None)
+    unknown = _unknown_keys(OmegaConf.to_container(view), _packaged_keys())
+    # Keys only the torch backend reads (its engine's host, port, device, …) are dropped; any
+    # other key goes on to verl, which knows fields its yaml does not list (and refuses bad ones).
+    torch_only = _torch_backend_keys()
+    dropped = [k for k in unknown if k in torch_only]
+    for key in dropped:
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(view, parent) if parent else view
+        if isinstance(node, DictConfig):
+            node.pop(leaf, None)
+    if dropped:
+        log.info("config_keys_ignored_by_verl_backend", keys=sorted(dropped))
+    return view
+
+
+def load_backend_config(cfg: DictConfig) -> VerlBackendConfig:
+    source = OmegaConf.select(cfg, "actor_rollout_ref.actor.old_log_prob_source", default="rollout")
+    cap = OmegaConf.select(cfg, "actor_rollout_ref.actor.tis_imp_ratio_cap", default=-1.0)
+    if source not in ("rollout", "recompute"):
+        raise ConfigError(
+            f"actor_rollout_ref.actor.old_log_prob_source must be rollout or recompute, got {source!r}"
+        )
+    if isinstance(cap, bool) or not isinstance(cap, int | float):
+        raise ConfigError(f"actor_rollout_ref.actor.tis_imp_ratio_cap must be a number, got {cap!r}")
+    return VerlBackendConfig(str(source), float(cap))
+
+
+def _check_loss(cfg: DictConfig) -> None:
+    actor = "actor_rollout_ref.actor"
+    mode = OmegaConf.select(cfg, f"{actor}.policy_loss.loss_mode")
+    if mode != PER_ROLLOUT_MEAN:
+        raise ConfigError(
+            f"{actor}.policy_loss.loss_mode must be {PER_ROLLOUT_MEAN} with the verl backend, got {mode!r}: "
+            "it is the loss that reads the trainer core's per-rollout weights"
+        )
+    agg = OmegaConf.select(cfg, f"{actor}.loss_agg_mode")
+    if agg != LOSS_AGG_MODE:
+        raise ConfigError(
+            f"{actor}.loss_agg_mode must be {LOSS_AGG_MODE} with {PER_ROLLOUT_MEAN}, got {agg!r}"
+        )
+    if OmegaConf.select(cfg, f"{actor}.use_kl_loss"):
+        raise ConfigError(
+            f"{actor}.use_kl_loss=true is not supported by the verl backend yet: verl's ppo_loss adds the "
+            "KL term without the per-rollout weights (use the torch backend, or use_kl_loss=false)"
+        )
+    if OmegaConf.select(cfg, f"{actor}.entropy_coeff"):
+        raise ConfigError(
+            f"{actor}.entropy_coeff != 0 is not supported by the verl backend yet: verl's ppo_loss adds the "
+            "entropy term without the per-rollout weights"
+        )
+    if OmegaConf.select(cfg, "actor_rollout_ref.rollout.name") != "vllm":
+        raise ConfigError("actor_rollout_ref.rollout.name must be vllm: the verl backend serves with vLLM")
+
+
+def validate(cfg: DictConfig) -> tuple[CoreConfig, VerlBackendConfig, DictConfig]:
+    """The core's settings, ours and the config verl sees; ConfigError naming the key when bad."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    core = load_core_config(cfg)
+    _check_loss(cfg)
+    ours = load_backend_config(cfg)
+    if not OmegaConf.select(cfg, "actor_rollout_ref.model.path", default=None):
+        raise ConfigError("actor_rollout_ref.model.path is not set: a Hugging Face model directory")
+    view = verl_view(cfg)
+    try:
+        validate_config(view, use_reference_policy=need_reference_policy(view), use_critic=need_critic(view))
+    except (AssertionError, ValueError, TypeError) as exc:
+        raise ConfigError(f"verl rejects the config: {exc}") from None
+    except Exception as exc:  # hydra's InstantiationException wraps verl's dataclass checks
+        raise ConfigError(f"verl rejects the config: {str(exc).splitlines()[0]}") from None
+    return core, ours, view

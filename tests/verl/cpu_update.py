@@ -1,0 +1,102 @@
+"""Run as a script: one real verl update — verl's FSDP2 `TrainingWorker.train_mini_batch` with our
+`rows_to_batch` layout and the `per_rollout_mean` loss through verl's `ppo_loss` — on CPU, in
+this process, with the test-only CPU platform (`cpu_platform.py`). Prints verl's metrics as JSON.
+
+    python -m tests.verl.cpu_update MODEL_DIR ROWS.json MICRO_BATCH
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from functools import partial
+
+import torch
+
+from tests.verl.cpu_platform import use_cpu_platform
+
+
+def main(model_dir: str, rows_path: str, micro: int) -> None:
+    torch.set_num_threads(1)
+    use_cpu_platform()  # before verl.workers is imported
+    from agentlightning.procs import free_port
+
+    os.environ.update(
+        VERL_ENGINE_DEVICE="cuda",  # pick verl's FSDP engine class; it runs on the CPU platform
+        VERL_ENGINE_VENDOR="nvidia",
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+    )
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.engine_workers import TrainingWorker, TrainingWorkerConfig
+    from verl.workers.utils.losses import ppo_loss
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    from agentlightning.trainer.rows import TrainingRow
+    from agentlightning.verl.batch import rows_to_batch
+    from agentlightning.verl.config import compose_config, verl_view
+
+    cfg = compose_config(
+        overrides=[
+            f"actor_rollout_ref.model.path={model_dir}",
+            "actor_rollout_ref.model.use_remove_padding=false",
+            "actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+            "actor_rollout_ref.actor.strategy=fsdp2",
+            "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32",
+            "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+            "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",  # bf16 by default
+            "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
+            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+            "actor_rollout_ref.actor.clip_ratio_high=0.28",
+            "actor_rollout_ref.actor.optim.lr=0.0",
+            "trainer.n_gpus_per_node=1",
+        ]
+    )
+    view = verl_view(cfg)
+    actor = omega_conf_to_dataclass(view.actor_rollout_ref.actor)
+    worker_cfg = TrainingWorkerConfig(
+        model_type="language_model",
+        model_config=omega_conf_to_dataclass(view.actor_rollout_ref.model),
+        engine_config=actor.engine,
+        optimizer_config=actor.optim,
+        checkpoint_config=actor.checkpoint,
+    )
+    engine = worker_cfg.engine_config  # as ActorRolloutRefWorker.init_model sets them
+    engine.use_dynamic_bsz = False
+    engine.max_token_len_per_gpu = engine.infer_max_token_len_per_gpu = 16384
+    engine.micro_batch_size_per_gpu = engine.infer_micro_batch_size_per_gpu = micro
+    engine.use_remove_padding = False
+    worker = TrainingWorker(worker_cfg)
+    worker.reset()
+    worker.set_loss_fn(partial(ppo_loss, config=actor))
+
+    with open(rows_path) as f:
+        rows = [TrainingRow(**r) for r in json.load(f)]
+    proto, _ = rows_to_batch(rows, 0, 1, micro)
+    td = left_right_2_no_padding(proto.to_tensordict())
+    tu.assign_non_tensor(
+        td,
+        temperature=1.0,
+        calculate_entropy=False,
+        distillation_use_topk=False,
+        distillation_only=False,
+        global_batch_size=len(proto),
+        mini_batch_size=len(proto),
+        epochs=1,
+        seed=0,
+        dataloader_kwargs={"shuffle": False},
+        compute_loss=True,
+    )
+    metrics = tu.get(worker.train_mini_batch(td), "metrics")
+    print("VERL_METRICS " + json.dumps({k: [float(x) for x in v] for k, v in metrics.items()}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))

@@ -1,0 +1,101 @@
+"""Config composition (verl's ppo_trainer defaults + ours), validation, and the version check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .conftest import SKIP_REASON
+
+pytest.importorskip("verl", reason=SKIP_REASON)
+
+from omegaconf import OmegaConf
+
+from agentlightning.trainer.config import ConfigError, core_config_keys
+from agentlightning.verl.config import compose_config, validate, verl_view
+from agentlightning.verl.version import SUPPORTED_VERL_VERSION, VerlVersionError, check_verl_version
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "actor_rollout_ref.model.path=/models/tiny"
+
+
+@pytest.fixture(scope="module")
+def base() -> object:
+    return compose_config(overrides=[MODEL])
+
+
+def test_verl_defaults_and_our_keys_compose_and_validate(base: object) -> None:
+    cfg = compose_config(overrides=[MODEL, "data.train_batch_size=4", "agentlightning.model_name=qwen"])
+    core, ours, view = validate(cfg)
+    # verl's own defaults are there (from pkg://verl/trainer/config) ...
+    assert view.actor_rollout_ref.actor.strategy == "fsdp"
+    assert view.actor_rollout_ref.rollout.checkpoint_engine.backend == "naive"
+    assert view.transfer_queue is not None and "ray_kwargs" in view
+    # ... with ours over them, and the served model name is the Gateway's model name
+    assert view.actor_rollout_ref.actor.policy_loss.loss_mode == "per_rollout_mean"
+    assert view.actor_rollout_ref.actor.loss_agg_mode == "token-sum"
+    assert view.actor_rollout_ref.rollout.engine_kwargs.vllm.served_model_name == "qwen"
+    assert view.trainer.use_v1 is False
+    assert core.train_batch_size == 4 and core.agl.model_name == "qwen"
+    assert ours.old_log_prob_source == "rollout"
+    # verl never sees our block or our keys
+    assert "agentlightning" not in view
+    assert "old_log_prob_source" not in view.actor_rollout_ref.actor
+
+
+def test_every_core_key_is_in_the_packaged_config(base: object) -> None:
+    for key in core_config_keys():
+        if key.startswith("agentlightning."):
+            continue  # the block is optional; its schema has the defaults
+        assert OmegaConf.select(base, key, default="<absent>") != "<absent>", key
+
+
+def test_a_torch_backend_config_drives_the_verl_backend_too() -> None:
+    torch_cfg = OmegaConf.load(REPO / "agentlightning" / "config" / "train.yaml")
+    cfg = compose_config(torch_cfg, [MODEL, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"])
+    core, ours, view = validate(cfg)
+    assert core.rollout_n == torch_cfg.actor_rollout_ref.rollout.n
+    assert ours.old_log_prob_source == torch_cfg.actor_rollout_ref.actor.old_log_prob_source
+    # the torch engine's keys are left out of what verl sees
+    assert "device" not in view.actor_rollout_ref.rollout
+    assert "host" not in view.actor_rollout_ref.rollout
+
+
+@pytest.mark.parametrize(
+    ("override", "names"),
+    [
+        ("actor_rollout_ref.actor.policy_loss.loss_mode=vanilla", "policy_loss.loss_mode"),
+        ("actor_rollout_ref.actor.loss_agg_mode=token-mean", "loss_agg_mode"),
+        ("actor_rollout_ref.actor.use_kl_loss=true", "use_kl_loss"),
+        ("actor_rollout_ref.actor.entropy_coeff=0.01", "entropy_coeff"),
+        ("actor_rollout_ref.rollout.name=sglang", "rollout.name"),
+        ("actor_rollout_ref.actor.old_log_prob_source=fresh", "old_log_prob_source"),
+        ("agentlightning.no_such_key=1", "agentlightning.no_such_key"),
+        ("data.train_batch_size=0", "data.train_batch_size"),
+        ("trainer.n_gpus_per_node=3", "divisible"),  # verl's own validate_config
+    ],
+)
+def test_bad_settings_fail_naming_the_key(override: str, names: str) -> None:
+    cfg = compose_config(overrides=[MODEL, override])
+    with pytest.raises(ConfigError, match=names.replace(".", r"\.")):
+        validate(cfg)
+
+
+def test_a_missing_model_path_fails_clearly() -> None:
+    with pytest.raises(ConfigError, match=r"model\.path"):
+        validate(compose_config())
+
+
+def test_the_version_check_names_the_supported_release() -> None:
+    assert check_verl_version() == SUPPORTED_VERL_VERSION
+    with pytest.raises(VerlVersionError, match=r"supports verl 0\.9\.1 only, found verl 0\.8\.0"):
+        check_verl_version("0.8.0")
+    with pytest.raises(VerlVersionError, match="not installed"):
+        check_verl_version("")
+
+
+def test_verl_view_is_a_copy(base: object) -> None:
+    view = verl_view(base)  # type: ignore[arg-type]
+    view.actor_rollout_ref.actor.ppo_epochs = 7
+    assert base.actor_rollout_ref.actor.ppo_epochs != 7  # type: ignore[attr-defined]

@@ -1,0 +1,73 @@
+"""A real verl update on CPU: verl's FSDP2 training worker (`train_mini_batch`, in a subprocess
+with the test-only CPU platform) on our batch with our loss gives the torch backend's loss and
+gradient norm on the same rows and weights."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO, SKIP_REASON
+
+pytest.importorskip("verl", reason=SKIP_REASON)
+
+import torch
+
+from agentlightning.demo.model import TinyModelConfig, build_tiny, save_tiny
+from agentlightning.torch_backend.policy import ActorConfig, PolicyUpdater
+
+from .rows import make_rows, one_minibatch
+from .test_loss import model_log_probs
+
+pytestmark = pytest.mark.timeout(600)
+TINY = TinyModelConfig(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    max_position_embeddings=256,
+)
+
+
+def test_a_real_verl_update_on_cpu_matches_the_torch_backend(tmp_path: Path) -> None:
+    micro = 2  # 6 rollouts' rows padded to whole micro-batches of 2
+    model, tokenizer = build_tiny(TINY, seed=4)
+    model_dir = save_tiny(tmp_path / "tiny", model, tokenizer)
+    rows = one_minibatch(make_rows(21, n_groups=2, group_size=3, vocab=200, max_rows_per_rollout=2))
+    rng = random.Random(0)
+    with torch.no_grad():  # rollout log-probs near the model's: some ratios clip, some do not
+        for row in rows:
+            lp = model_log_probs(model, row)
+            row.rollout_log_probs = [
+                float(v) + rng.gauss(0, 0.3) if m else 0.0 for v, m in zip(lp, row.response_mask, strict=True)
+            ]
+    rows_path = tmp_path / "rows.json"
+    rows_path.write_text(json.dumps([dataclasses.asdict(r) for r in rows]))
+
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.verl.cpu_update", str(model_dir), str(rows_path), str(micro)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    lines = [ln for ln in result.stdout.splitlines() if ln.startswith("VERL_METRICS ")]
+    assert result.returncode == 0 and lines, result.stderr[-3000:]
+    verl = json.loads(lines[-1].removeprefix("VERL_METRICS "))
+
+    updater = PolicyUpdater(
+        model, ActorConfig(clip_ratio_high=0.28, ppo_micro_batch_size_per_gpu=micro), device="cpu"
+    )
+    stats = updater.backward(rows)
+    grad_norm = torch.nn.utils.clip_grad_norm_(updater.model.parameters(), float("inf")).item()
+
+    assert sum(verl["actor/pg_loss"]) == pytest.approx(stats["pg_loss"], abs=1e-5)
+    assert verl["grad_norm"][0] == pytest.approx(grad_norm, rel=1e-5)  # measured: equal to all digits
+    assert 0 < verl["actor/pg_clipfrac"][0] < 1  # clipping was exercised
