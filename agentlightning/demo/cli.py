@@ -83,7 +83,10 @@ class Demo:
             f"agent that calls the calculator\n      but adds too often (right operation on - and * only "
             f"{float(w.correct_op_prob):.0%} of the time). RL must learn the rest from the reward."
         )
-        model_cfg = TinyModelConfig(**OmegaConf.to_container(self.cfg.model))  # type: ignore[arg-type]
+        recipe = OmegaConf.to_container(self.cfg.model)
+        if self.cfg.engine == "vllm":
+            recipe = {**recipe, **OmegaConf.to_container(self.cfg.vllm_model)}  # type: ignore[dict-item]
+        model_cfg = TinyModelConfig(**recipe)  # type: ignore[arg-type]
         model, tokenizer = build_tiny(model_cfg, seed=self.seed)
         n_params = sum(p.numel() for p in model.parameters())
         started = time.perf_counter()
@@ -121,7 +124,10 @@ class Demo:
         addresses and files, then the command line's `train.*` overrides (checked here, early)."""
         runtime = {
             "data": {"train_files": str(train), "val_files": str(val), "seed": self.seed},
-            "actor_rollout_ref": {"model": {"path": str(model_dir)}, "rollout": {"seed": self.seed}},
+            "actor_rollout_ref": {
+                "model": {"path": str(model_dir)},
+                "rollout": {"seed": self.seed, "engine": str(self.cfg.engine)},
+            },
             "trainer": {
                 "experiment_name": f"demo-seed{self.seed}",
                 "output_dir": str(self.run_dir),
@@ -202,6 +208,11 @@ class Demo:
         say(
             f"[3/4] Trainer     pid {trainer.pid}: GRPO, {steps} steps of {rollouts} rollouts, "
             f"validation every {t.test_freq} steps\n      config {self.config_path}"
+            + (
+                "\n      rollouts served by real vLLM servers the trainer starts (.venv-vllm; ready in 20-60 s)"
+                if self.cfg.engine == "vllm"
+                else ""
+            )
         )
         assert trainer.proc is not None
         while True:

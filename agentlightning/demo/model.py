@@ -79,6 +79,8 @@ class TinyModelConfig:
     num_attention_heads: int = 4
     num_key_value_heads: int = 4
     max_position_embeddings: int = 1024
+    # Separate output head: a reload of new weights into vLLM keeps a tied head stale.
+    tie_word_embeddings: bool = True
 
 
 TOKENIZER_VOCAB_SIZE = 512
@@ -171,7 +173,6 @@ def build_model(config: TinyModelConfig | None = None, seed: int = 0, tokenizer:
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=True,
         attn_implementation="sdpa",
         **asdict(config),
     )

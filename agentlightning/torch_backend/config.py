@@ -35,8 +35,29 @@ class ValKwargs:
 
 
 @dataclass
+class VLLMRolloutConfig:
+    """`actor_rollout_ref.rollout.vllm.*`: real vLLM servers (`rollout.engine=vllm`)."""
+
+    num_servers: int = 1  # vLLM servers, each a child process; the Gateway spreads rollouts over them
+    python: str | None = (
+        None  # the interpreter with vLLM; null: .venv-vllm/bin/python if present, else this one
+    )
+    kv_cache_memory_bytes: int | None = 64 * 1024 * 1024  # CPU: the KV cache per server; null on GPU
+    gpu_memory_utilization: float | None = None  # GPU: vLLM's share of the device; the update uses the rest
+    enforce_eager: bool = True  # no graph capture/compilation: faster start, slower decoding on GPU
+    tool_call_parser: str | None = "hermes"  # vLLM's tool-call parser; null: no tool calls
+    start_timeout_seconds: float = 600.0
+    cpu_binds: list[str] = field(
+        default_factory=list
+    )  # per server: VLLM_CPU_OMP_THREADS_BIND, e.g. ["0", "1"]
+    extra_args: list[str] = field(default_factory=list)  # more `vllm serve` flags, verbatim
+    # engine=auto: vLLM for models at least this large (below, the torch engine is faster on CPU)
+    auto_min_parameters: int = 5_000_000
+
+
+@dataclass
 class TorchRolloutConfig:
-    """`actor_rollout_ref.rollout.*`: the built-in inference server."""
+    """`actor_rollout_ref.rollout.*`: the rollout engine (the built-in one, or real vLLM)."""
 
     n: int = 4  # rollouts per prompt (the GRPO group size)
     temperature: float = 1.0
@@ -48,6 +69,10 @@ class TorchRolloutConfig:
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     max_num_batched_tokens: int = 16384  # prompt tokens prefilled together
     # Ours:
+    # auto: vLLM for a Hugging Face model of at least vllm.auto_min_parameters that vLLM can serve,
+    # where it is installed; else torch (the built-in server) | torch | vllm (rollout.vllm)
+    engine: str = "auto"
+    vllm: VLLMRolloutConfig = field(default_factory=VLLMRolloutConfig)
     device: str = "auto"  # auto | cpu | cuda | cuda:N (shared by the policy update)
     host: str = "127.0.0.1"
     port: int = 0  # 0: a free port
@@ -63,6 +88,12 @@ class TorchBackendConfig:
     def validate(self) -> None:
         if self.rollout.n < 1:
             raise ValueError("actor_rollout_ref.rollout.n must be at least 1")
+        if self.rollout.engine not in ("auto", "torch", "vllm"):
+            raise ValueError(
+                f"actor_rollout_ref.rollout.engine must be auto, torch or vllm, got {self.rollout.engine!r}"
+            )
+        if self.rollout.vllm.num_servers < 1:
+            raise ValueError("actor_rollout_ref.rollout.vllm.num_servers must be at least 1")
         if self.rollout.temperature <= 0:
             raise ValueError("actor_rollout_ref.rollout.temperature must be > 0 for training")
         self.actor.temperature = self.rollout.temperature

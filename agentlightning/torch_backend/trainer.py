@@ -1,7 +1,8 @@
 """The torch backend: `TorchBackend` for the trainer core's loop, and `run_ppo(config, train, val)`.
 
 One process holds the policy (fp32, trained by `PolicyUpdater`) and a serving copy behind the
-built-in inference server; agents reach the server only through the Gateway. The loop itself —
+built-in inference server — or, with `actor_rollout_ref.rollout.engine=vllm`, real vLLM servers
+started as child processes (`vllm_engine.py`); agents reach the servers only through the Gateway. The loop itself —
 collect, build, update, publish, validate, save, resume — is the trainer core's
 (`agentlightning.trainer.loop`); this backend supplies the update, the weight swap into its
 engine and its part of each checkpoint.
@@ -18,6 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from agentlightning.client import GatewayClient
+from agentlightning.log import get_logger
 from agentlightning.torch_backend.checkpoint import (
     load_policy_state,
     save_policy_state,
@@ -33,9 +35,18 @@ from agentlightning.torch_backend.inference_server import (
     resolve_dtype,
 )
 from agentlightning.torch_backend.policy import PolicyUpdater
+from agentlightning.torch_backend.vllm_engine import (
+    VLLMEngine,
+    VLLMEngineError,
+    check_servable,
+    choose_engine,
+    server_config,
+)
 from agentlightning.trainer import ConfigError, CoreConfig, TrainingBatch, load_core_config
 from agentlightning.trainer.loop import TrainingLoop
 from agentlightning.trainer.loop_config import load_loop_config
+
+log = get_logger("torch_backend")
 
 
 class TorchBackend:
@@ -45,10 +56,13 @@ class TorchBackend:
         cfg = config if isinstance(config, DictConfig) else OmegaConf.create(dict(config))
         self.core: CoreConfig = load_core_config(cfg)
         self.config: TorchBackendConfig = load_torch_backend_config(cfg)
-        self.torch_threads = load_loop_config(cfg)[0].torch_threads
+        loop_config = load_loop_config(cfg)[0]
+        self.torch_threads = loop_config.torch_threads
+        self.output_dir = Path(loop_config.output_dir)
         self.updater: PolicyUpdater | None = None
         self.engine: TorchEngine | None = None
         self.server: InferenceServer | None = None
+        self.vllm: VLLMEngine | None = None
 
     def start(self, step: int, version: int, total_steps: int, checkpoint: Path | None) -> list[str]:
         if self.torch_threads:
@@ -68,6 +82,10 @@ class TorchBackend:
             self.updater.load_state_dict(state["policy"])
             set_torch_rng_state(state["rng"])
         rollout = self.config.rollout
+        engine, why = choose_engine(rollout.engine, self.config.model.path, self.updater.model, rollout)
+        log.info("rollout_engine", engine=engine, reason=why)
+        if engine == "vllm":
+            return self._start_vllm(tokenizer, device, version)
         serving = copy.deepcopy(self.updater.model).to(dtype=resolve_dtype(rollout.dtype, device))
         self.engine = TorchEngine(
             serving,
@@ -83,12 +101,33 @@ class TorchBackend:
         ).start()
         return [self.server.endpoint]
 
+    def _start_vllm(self, tokenizer: Any, device: torch.device, version: int) -> list[str]:
+        assert self.updater is not None
+        try:
+            check_servable(self.updater.model)
+        except VLLMEngineError as exc:
+            raise ConfigError(f"actor_rollout_ref.rollout.engine=vllm: {exc}") from None
+        rollout = self.config.rollout
+        self.vllm = VLLMEngine(
+            tokenizer,
+            self.core.agl.model_name,
+            server_config(rollout, device),
+            self.output_dir / "vllm",
+            num_servers=rollout.vllm.num_servers,
+            version=version,
+        )
+        return self.vllm.start(self.updater.model)
+
     def update(self, batch: TrainingBatch) -> dict[str, float]:
         assert self.updater is not None, "start() first"
         return self.updater.update(batch.minibatches())
 
     def publish(self, version: int) -> None:
-        assert self.updater is not None and self.engine is not None, "start() first"
+        assert self.updater is not None, "start() first"
+        if self.vllm is not None:
+            self.vllm.publish(self.updater.model, version)
+            return
+        assert self.engine is not None, "start() first"
         self.engine.publish(self.updater.model, version)
 
     def save(self, folder: Path) -> None:
@@ -96,6 +135,9 @@ class TorchBackend:
         save_policy_state(folder, {"policy": self.updater.state_dict(), "rng": torch_rng_state()})
 
     def close(self) -> None:
+        if self.vllm is not None:
+            self.vllm.close()
+            self.vllm = None
         if self.server is not None:
             self.server.stop()
             self.server = None
