@@ -50,7 +50,9 @@ def create_app(
     if not isinstance(config, ServerConfig):
         config = load_server_config(config)
     if store is None:
-        store = store_from_url(config.store.url, config.store.synchronous, config.store.read_threads)
+        store = store_from_url(
+            config.store.url, config.store.synchronous, config.store.read_threads, config.store.wal_max_bytes
+        )
     state = GatewayState(
         config=config, store=store, models=ModelTable(store), proxy=ProxyRuntime(config.proxy)
     )
