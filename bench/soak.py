@@ -1,6 +1,7 @@
 """Soak benchmark: does a Gateway that runs for days stay bounded in memory and on disk?
 
-Each round does what one training step does to the Gateway, at scale: create `--rollouts`
+Throughout, one agent keeps recording small events and the trainer keeps polling, between rounds
+too, as in a real run. Each round does what one training step does to the Gateway, at scale: create `--rollouts`
 rollouts, run an agent for each (`--calls` proxied chat calls whose conversation grows, a
 reward, running → succeeded), read their events as triplets in batches (the trainer
 collecting), then delete every one of them. A real `agl-server` process serves; the fake
@@ -164,6 +165,23 @@ async def watch_wal(wal: Path, done: asyncio.Event, peak: list[int]) -> None:
         await asyncio.sleep(0.2)
 
 
+async def steady_load(session: aiohttp.ClientSession, stop: asyncio.Event) -> None:
+    """What never pauses in a real run: an agent still recording and the trainer polling, also
+    between rounds. Without such a pause, a checkpoint that only copies never catches up."""
+    rollout_id = f"steady-{uuid.uuid4().hex}"
+    async with session.post("/api/rollouts", json=[{"rollout_id": rollout_id, "input": {}}]) as r:
+        await check(r, "create the steady rollout")
+    event = {"event_type": "log", "data": {"line": "x" * 2000}}
+    while not stop.is_set():
+        async with session.post(f"/api/rollouts/{rollout_id}/attempt/a1/events", json=event) as r:
+            await r.read()
+        async with session.get("/api/rollouts/terminal", params={"after": 0, "limit": 10}) as r:
+            await r.read()
+        await asyncio.sleep(0.01)
+    async with session.delete(f"/api/rollouts/{rollout_id}") as r:
+        await r.read()
+
+
 async def soak(gw: Gateway, fake_url: str, args: argparse.Namespace, result: Soak) -> None:
     headers = {"Authorization": f"Bearer {KEY}"}
     connector = aiohttp.TCPConnector(limit=args.concurrency + 8)
@@ -171,6 +189,8 @@ async def soak(gw: Gateway, fake_url: str, args: argparse.Namespace, result: Soa
     async with aiohttp.ClientSession(gw.url, headers=headers, connector=connector, timeout=timeout) as s:
         async with s.post("/api/models", json=[{"model": "policy", "endpoint": fake_url, "version": 1}]) as r:
             await check(r, "register model")
+        stop_steady = asyncio.Event()
+        steady = asyncio.create_task(steady_load(s, stop_steady))
         for i in range(args.rounds):
             done = asyncio.Event()
             peak = [0]
@@ -192,6 +212,8 @@ async def soak(gw: Gateway, fake_url: str, args: argparse.Namespace, result: Soa
                 f"WAL {rnd.wal / MB:7.1f} MB (peak {rnd.wal_peak / MB:7.1f} MB)",
                 flush=True,
             )
+        stop_steady.set()
+        await steady
 
 
 def summary(result: Soak, warmup: int, rollouts: int) -> str:
