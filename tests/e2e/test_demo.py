@@ -96,18 +96,20 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     # Started with SIGINT ignored, as from a background job: that made the demo ignore Ctrl-C
     # and finish with 0 when training was quick enough (the flaky `assert 0 == 130`).
     run = DemoRun(tmp_path, "train.trainer.total_training_steps=50", sigint_ignored=True)
-    run.wait_for("[3/4] Trainer", timeout=90)
+    run.wait_for("[3/4] Trainer", timeout=300)
     pids = run.pids()
     assert len(pids) == 3
     agents = tmp_path / "seed0" / "agents"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while not (agents.is_dir() and any(agents.iterdir())):  # an agent has started: mid-training
         assert run.proc.poll() is None, "\n".join(run.lines[-30:])
         assert time.monotonic() < deadline, "no agent started in time"
         time.sleep(0.1)
     run.proc.send_signal(signal.SIGINT)
-    assert run.finish(timeout=60) == 130
-    assert "interrupted" in run.lines[-1]
+    code = run.finish(timeout=180)
+    output = "\n".join(run.lines[-40:])
+    assert code == 130, output
+    assert "interrupted" in run.lines[-1], output
     deadline = time.monotonic() + 10
     while [p for p in pids if pid_alive(p)] and time.monotonic() < deadline:
         time.sleep(0.1)
