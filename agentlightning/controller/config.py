@@ -30,6 +30,8 @@ class LocalRunnerConfig:
     python: str = ""
     cwd: str = ""
     log_dir: str = ".agl/controller/logs"
+    keep_logs: int = 1000
+    keep_failed_logs: int = 10000
     kill_grace_seconds: float = 2.0
     error_tail_lines: int = 20
 
@@ -92,6 +94,11 @@ def _validate(c: ControllerConfig) -> None:
         (c.local_runner.kill_grace_seconds >= 0, "local_runner.kill_grace_seconds must be >= 0"),
         (c.local_runner.error_tail_lines >= 0, "local_runner.error_tail_lines must be >= 0"),
         (bool(c.local_runner.log_dir), "local_runner.log_dir must not be empty"),
+        (c.local_runner.keep_logs >= -1, "local_runner.keep_logs must be >= 0, or -1 to keep all"),
+        (
+            c.local_runner.keep_failed_logs >= -1,
+            "local_runner.keep_failed_logs must be >= 0, or -1 to keep all",
+        ),
         (bool(c.k8s_runner.namespace), "k8s_runner.namespace must not be empty"),
         (c.k8s_runner.ttl_after_finished >= -1, "k8s_runner.ttl_after_finished must be >= -1"),
         (c.k8s_runner.max_jobs_per_minute >= 0, "k8s_runner.max_jobs_per_minute must be >= 0"),

@@ -26,6 +26,7 @@ import orjson
 from agentlightning.controller.bootstrap import AgentClassError, parse_agent_class
 from agentlightning.controller.config import ControllerConfig
 from agentlightning.controller.env import EnvMapError, agent_env
+from agentlightning.controller.log_retention import LogRetention
 from agentlightning.controller.runner import Handle, LaunchError, Outcome, Runner
 from agentlightning.controller.warm import SpawnFailed, WarmPool
 from agentlightning.log import get_logger
@@ -231,6 +232,7 @@ class LocalRunner(Runner):
         local = config.local_runner
         self.capacity = local.maximum_size
         self.log_dir = Path(local.log_dir).absolute()
+        self.logs = LogRetention(self.log_dir, local.keep_logs, local.keep_failed_logs)
         self.python = local.python or sys.executable
         self.cwd = local.cwd or None
         self.gateway_url = config.agl_server.url
@@ -250,6 +252,7 @@ class LocalRunner(Runner):
 
     async def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.logs.load()
 
     async def close(self) -> None:
         if self.pool is not None:
@@ -363,4 +366,8 @@ class LocalRunner(Runner):
         return None
 
     def forget(self, rollout_id: str, attempt_id: str) -> None:
-        AttemptFiles(self.log_dir, rollout_id, attempt_id).forget()
+        files = AttemptFiles(self.log_dir, rollout_id, attempt_id)
+        failed = files.read_exit_code() != 0  # read before forget() removes it
+        files.forget()
+        if files.log.exists():
+            self.logs.finished(files.log, failed)

@@ -26,6 +26,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -270,8 +271,18 @@ def plot_rewards(
     plt.close(fig)
 
 
+_INTERRUPTED: list[int] = []  # the signals received: set even where a KeyboardInterrupt gets lost
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
+    _INTERRUPTED.append(signum)
     raise KeyboardInterrupt
+
+
+def _stopped_by_user(demo: Demo) -> NoReturn:
+    demo.stop_all()
+    say("agl-demo: interrupted; every process it started is stopped")
+    raise SystemExit(130)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -280,6 +291,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     train_overrides = [a.removeprefix("train.") for a in args if a.startswith("train.")]
     cfg = load_cli_config("demo", [a for a in args if not a.startswith("train.")], prog="agl-demo")
     demo = Demo(cfg)
+    # Installed explicitly: a process started from a non-interactive shell's background job
+    # (`make test &`, many CI runners) inherits SIGINT *ignored*, and Python then installs no
+    # KeyboardInterrupt handler, so Ctrl-C (or `kill -INT`) was ignored and the run went on to
+    # finish with 0.
+    signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         demo.prepare_dir()
@@ -297,15 +313,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         demo.stop_all()
         before, after = demo.report()
     except KeyboardInterrupt:
-        demo.stop_all()
-        say("agl-demo: interrupted; every process it started is stopped")
-        raise SystemExit(130) from None
+        _stopped_by_user(demo)
     except ProcessFailed as exc:
+        if _INTERRUPTED:  # e.g. the trainer stopped by the same Ctrl-C
+            _stopped_by_user(demo)
         demo.stop_all()
         say(f"agl-demo: {exc}\n(logs: {demo.run_dir})")
         raise SystemExit(1) from None
     finally:
         demo.stop_all()
+    if _INTERRUPTED:  # a signal came, whatever swallowed its KeyboardInterrupt: never success
+        _stopped_by_user(demo)
     say(f"validation reward: {before:.3f} -> {after:.3f}")
 
 

@@ -61,7 +61,9 @@ def create_app(
     if not isinstance(config, ServerConfig):
         config = load_server_config(config)
     if store is None:
-        store = store_from_url(config.store.url, config.store.synchronous, config.store.read_threads)
+        store = store_from_url(
+            config.store.url, config.store.synchronous, config.store.read_threads, config.store.wal_max_bytes
+        )
     gateway_metrics = GatewayMetrics() if config.metrics.enabled else None
     if gateway_metrics is not None:
         store = instrument_store(store, gateway_metrics)

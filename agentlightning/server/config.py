@@ -30,6 +30,7 @@ class StoreConfig:
     url: str = "sqlite:///.agl/gateway.db"
     synchronous: str = "normal"
     read_threads: int = 4
+    wal_max_bytes: int = 64 * 1024 * 1024
 
 
 @dataclass
@@ -116,6 +117,8 @@ def load_server_config(cfg: DictConfig | dict[str, Any] | None = None, **overrid
     config: ServerConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     if config.max_body_bytes <= 0:
         raise ValueError(f"max_body_bytes must be positive, got {config.max_body_bytes}")
+    if config.store.wal_max_bytes <= 0:
+        raise ValueError(f"store.wal_max_bytes must be positive, got {config.store.wal_max_bytes}")
     if not 0 < config.port < 65536 and config.port != 0:
         raise ValueError(f"port must be 0..65535, got {config.port}")
     config.proxy.check()

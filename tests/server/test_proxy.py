@@ -543,9 +543,22 @@ def test_a_deleted_rollout_gets_404(gw: RunningGateway, client: GatewayClient, f
     rollout_id = new_rollout(client)
     assert post(gw, rollout_id, "chat/completions", {"messages": USER}).status_code == 200
     client.delete_rollout(rollout_id)
-    # The proxy remembers rollouts it has seen (no store read per call), so this call reaches
-    # the model; recording it fails, and the agent gets the 404 all the same.
+    # The proxy remembers rollouts it has seen (no store read per call); a delete forgets it,
+    # so the very next call is refused without reaching the model.
     r = post(gw, rollout_id, "chat/completions", {"messages": USER})
     assert r.status_code == 404 and rollout_id in r.json()["detail"]
     assert post(gw, rollout_id, "chat/completions", {"messages": USER}).status_code == 404
-    assert fake.state.total == 2, "once forgotten, the rollout is checked before the model is called"
+    assert fake.state.total == 1, "a deleted rollout's calls must not reach the model"
+
+
+def test_a_rollout_deleted_in_a_batch_gets_404_without_reaching_the_model(
+    gw: RunningGateway, client: GatewayClient, fake: FakeModelServer
+) -> None:
+    kept, deleted = new_rollout(client), new_rollout(client)
+    for rid in (kept, deleted):
+        assert post(gw, rid, "chat/completions", {"messages": USER}).status_code == 200
+    assert client.delete_rollouts([deleted]) == 1
+    r = post(gw, deleted, "chat/completions", {"messages": USER})
+    assert r.status_code == 404 and deleted in r.json()["detail"]
+    assert post(gw, kept, "chat/completions", {"messages": USER}).status_code == 200
+    assert fake.state.total == 3

@@ -20,7 +20,7 @@ from tests.conftest import RunningGateway
 
 from .test_server import fresh_log_probs
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(600)  # a hang guard, not a speed test: machines may be busy
 QUESTION = [{"role": "user", "content": "Ann has 7 apples and gets 5 more. How many apples now?"}]
 
 

@@ -83,9 +83,10 @@ async def _call(
         runtime.forget(rollout_id)
 
     if not runtime.is_known(rollout_id):
+        forgotten = runtime.forgotten
         if await state.store.get_rollout(rollout_id) is None:
             return error_answer(404, str(RolloutNotFound(rollout_id)), "not_found")
-        runtime.remember(rollout_id)
+        runtime.remember(rollout_id, forgotten)
     try:
         body = orjson.loads(await read_body())
     except orjson.JSONDecodeError as exc:

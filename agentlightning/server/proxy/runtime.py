@@ -22,9 +22,10 @@ class ProxyRuntime:
         self.reason: str | None = None
         self.inflight = 0
         # Rollouts seen to exist, so that an agent's every call does not read the store.
-        # Bounded (least recently used are forgotten); a deleted rollout is dropped when its
-        # event append fails.
+        # Bounded (least recently used are forgotten); deleting a rollout forgets it, so that
+        # its next call is refused before it reaches the model.
         self._known: OrderedDict[str, None] = OrderedDict()
+        self.forgotten = 0  # deletions so far: `remember` after a store read checks none came between
 
     async def open(self) -> None:
         await self.upstream.open()
@@ -55,10 +56,14 @@ class ProxyRuntime:
             return True
         return False
 
-    def remember(self, rollout_id: str) -> None:
+    def remember(self, rollout_id: str, forgotten_before_read: int) -> None:
+        """Remember a rollout the store showed to exist, unless one was deleted since that read."""
+        if self.forgotten != forgotten_before_read:
+            return
         self._known[rollout_id] = None
         if len(self._known) > KNOWN_ROLLOUTS:
             self._known.popitem(last=False)
 
     def forget(self, rollout_id: str) -> None:
+        self.forgotten += 1
         self._known.pop(rollout_id, None)

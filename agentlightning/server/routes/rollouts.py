@@ -150,6 +150,8 @@ async def delete_rollouts(body: RolloutIdList, state: State) -> BatchDeleted:
     """Delete many rollouts and their events in one request (an addition over v1.0); idempotent."""
     # Concurrent deletes reach the SQLite writer together and share one transaction.
     results = await asyncio.gather(*(state.store.delete_rollout(rid) for rid in body.rollout_ids))
+    for rid in body.rollout_ids:
+        state.proxy.forget(rid)  # the next model call for it is refused before the model is called
     if any(results):
         state.rollout_changes.notify()
     return BatchDeleted(deleted=sum(results))
@@ -159,4 +161,5 @@ async def delete_rollouts(body: RolloutIdList, state: State) -> BatchDeleted:
 async def delete_rollout(rollout_id: str, state: State) -> Response:
     if await state.store.delete_rollout(rollout_id):
         state.rollout_changes.notify()
+    state.proxy.forget(rollout_id)  # the next model call for it is refused before the model is called
     return Response(status_code=204)

@@ -16,11 +16,13 @@ import os
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from agentlightning.log import get_logger
 from agentlightning.schemas import (
     Model,
     Rollout,
@@ -44,6 +46,10 @@ T = TypeVar("T")
 SCHEMA_VERSION = 2  # 2: events.call (model calls stored as deltas, store/delta.py)
 MAX_BATCH = 1024
 CHECKPOINT_INTERVAL_S = 0.5
+CHECKPOINT_BUSY_MS = 1000  # longest a TRUNCATE checkpoint holds writers back
+CHECKPOINT_WARN_EVERY_S = 60.0
+WAL_MAX_BYTES = 64 * 1024 * 1024
+log = get_logger("store")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS rollouts (
@@ -223,26 +229,91 @@ class _Writer(threading.Thread):
 
 
 class _Checkpointer(threading.Thread):
-    """Folds the WAL into the database file in the background, off the writers' path."""
+    """Folds the WAL into the database file in the background, off the writers' path.
 
-    def __init__(self, connect: Callable[[], sqlite3.Connection]) -> None:
+    A PASSIVE checkpoint never waits, but under continuous writes it never catches up with
+    the writer either, and SQLite restarts the WAL from its beginning only after a checkpoint
+    that copied all of it: the file would grow for ever. So once the WAL passes `max_bytes`
+    a TRUNCATE checkpoint holds new writers back for a moment (at most `busy_ms`), copies the
+    rest and empties the file. A checkpoint that cannot finish (a reader still on an old
+    snapshot) or fails is logged, and the next round tries again: this thread never stops
+    before the store closes.
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], sqlite3.Connection],
+        wal_path: Path,
+        max_bytes: int,
+        interval_s: float = CHECKPOINT_INTERVAL_S,
+        busy_ms: int = CHECKPOINT_BUSY_MS,
+    ) -> None:
         super().__init__(name="agl-sqlite-checkpoint", daemon=True)
         self._connect = connect
+        self._wal_path = wal_path
+        self._max_bytes = max_bytes
+        self._interval_s = interval_s
+        self._busy_ms = busy_ms
         self._stop_event = threading.Event()
+        self._conn: sqlite3.Connection | None = None
+        self.failures = 0  # checkpoints in a row that did not finish: read by tests and logs
+        self.truncations = 0  # WAL files emptied
+        self._last_warning = 0.0
 
     def stop(self) -> None:
         self._stop_event.set()
 
-    def run(self) -> None:
-        conn = self._connect()
+    def wal_bytes(self) -> int:
         try:
-            while not self._stop_event.wait(CHECKPOINT_INTERVAL_S):
-                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        except sqlite3.Error:
-            pass  # a checkpoint is an optimisation; SQLite runs one on the next open anyway
+            return self._wal_path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def run(self) -> None:
+        try:
+            while not self._stop_event.wait(self._interval_s):
+                self._round(truncate=self.wal_bytes() > self._max_bytes)
+            self._round(truncate=True)  # leave an empty WAL behind
         finally:
-            conn.close()
+            if self._conn is not None:
+                self._conn.close()
+
+    def _round(self, truncate: bool) -> None:
+        mode = "TRUNCATE" if truncate else "PASSIVE"
+        try:
+            if self._conn is None:
+                self._conn = self._connect()
+                self._conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
+            busy, wal_frames, copied = self._conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+        except sqlite3.Error as exc:
+            if self._conn is not None:  # start afresh: the connection may be what is broken
+                self._conn.close()
+                self._conn = None
+            self._failed(mode, f"{type(exc).__name__}: {exc}")
+            return
+        # A PASSIVE checkpoint that is behind is normal under load; a TRUNCATE one must finish.
+        if truncate and (busy or wal_frames != 0):
+            self._failed(mode, f"blocked by a reader or writer ({copied} of {wal_frames} frames copied)")
+            return
+        if truncate:
+            self.truncations += 1
+        if self.failures:
+            log.info("wal_checkpoint_recovered", after_failures=self.failures, wal_bytes=self.wal_bytes())
+        self.failures = 0
+
+    def _failed(self, mode: str, reason: str) -> None:
+        self.failures += 1
+        now = time.monotonic()
+        if self.failures == 1 or now - self._last_warning >= CHECKPOINT_WARN_EVERY_S:
+            self._last_warning = now
+            log.warning(
+                "wal_checkpoint_failed",
+                mode=mode,
+                reason=reason,
+                failures_in_a_row=self.failures,
+                wal_bytes=self.wal_bytes(),
+                path=str(self._wal_path),
+            )
 
 
 def _settle(results: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
@@ -257,11 +328,18 @@ def _settle(results: list[tuple[asyncio.Future[Any], Any, BaseException | None]]
 
 class SqliteStore(Store):
     def __init__(
-        self, path: str | os.PathLike[str], synchronous: str = "normal", read_threads: int = 4
+        self,
+        path: str | os.PathLike[str],
+        synchronous: str = "normal",
+        read_threads: int = 4,
+        wal_max_bytes: int = WAL_MAX_BYTES,
     ) -> None:
         self.path = Path(path)
         if synchronous.lower() not in ("normal", "full"):
             raise ValueError(f"store.synchronous must be 'normal' or 'full', got {synchronous!r}")
+        if wal_max_bytes <= 0:
+            raise ValueError(f"store.wal_max_bytes must be positive, got {wal_max_bytes}")
+        self.wal_max_bytes = wal_max_bytes
         self._synchronous = synchronous.upper()
         self._read_threads = read_threads
         self._writer: _Writer | None = None
@@ -280,6 +358,8 @@ class SqliteStore(Store):
         conn.execute("PRAGMA foreign_keys=ON")
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
         conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer thread does it
+        # When the WAL restarts from its beginning, cut the file back to this size.
+        conn.execute(f"PRAGMA journal_size_limit={self.wal_max_bytes}")
         # Some builds (Debian's) zero every freed page on delete; FAST only overwrites in place.
         conn.execute("PRAGMA secure_delete=FAST")
         if readonly:
@@ -320,7 +400,7 @@ class SqliteStore(Store):
             init.close()
         self._writer = _Writer(self._connect, next_seq=(last_event or 0) + 1)
         self._writer.start()
-        self._checkpointer = _Checkpointer(self._connect)
+        self._checkpointer = _Checkpointer(self._connect, Path(f"{self.path}-wal"), self.wal_max_bytes)
         self._checkpointer.start()
         self._readers = ThreadPoolExecutor(
             max_workers=self._read_threads, thread_name_prefix="agl-sqlite-read"
