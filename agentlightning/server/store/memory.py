@@ -15,7 +15,6 @@ import bisect
 import ctypes
 import ctypes.util
 from collections.abc import Callable, Collection
-from typing import Literal
 
 from agentlightning.schemas import (
     Model,
