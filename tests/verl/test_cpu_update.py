@@ -13,27 +13,21 @@ from pathlib import Path
 
 import pytest
 
+from tests.torch_backend.tiny import TINY
+
 from .conftest import REPO, SKIP_REASON
 
 pytest.importorskip("verl", reason=SKIP_REASON)
 
 import torch
 
-from agentlightning.demo.model import TinyModelConfig, build_tiny, save_tiny
+from agentlightning.demo.model import build_tiny, save_tiny
 from agentlightning.torch_backend.policy import ActorConfig, PolicyUpdater
 
 from .rows import make_rows, one_minibatch
 from .test_loss import model_log_probs
 
 pytestmark = pytest.mark.timeout(600)
-TINY = TinyModelConfig(
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    max_position_embeddings=256,
-)
 
 
 def test_a_real_verl_update_on_cpu_matches_the_torch_backend(tmp_path: Path) -> None:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.torch_backend.tiny import TINY
+
 from .conftest import REPO, SKIP_REASON
 
 pytest.importorskip("verl", reason=SKIP_REASON)
@@ -17,19 +19,11 @@ pytest.importorskip("verl", reason=SKIP_REASON)
 import ray
 from omegaconf import OmegaConf
 
-from agentlightning.demo.model import TinyModelConfig, build_tiny, save_tiny
+from agentlightning.demo.model import build_tiny, save_tiny
 from agentlightning.verl.config import compose_config, validate
 from agentlightning.verl.engine import LOSS_HOOK, VerlWorkers, ray_runtime_env, start_ray
 
 pytestmark = pytest.mark.timeout(600)
-TINY = TinyModelConfig(
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    max_position_embeddings=256,
-)
 
 
 @pytest.fixture(scope="module")
