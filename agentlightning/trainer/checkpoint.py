@@ -8,6 +8,7 @@ The loop state is the step, the served model version, the data position, Python'
 config. A checkpoint is written into a temporary directory — the backend's files first, the
 loop state last, as the mark of a complete checkpoint — and renamed into place; the `latest`
 file is replaced after it, so a crash while saving leaves the previous checkpoint as the latest.
+The newest complete directory is the latest checkpoint, even where a crash left the file behind.
 """
 
 from __future__ import annotations
@@ -94,15 +95,13 @@ def list_checkpoints(root: str | Path) -> list[int]:
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:
-    """The directory of the latest complete checkpoint under `root`, or None."""
-    root = Path(root)
-    try:
-        step = int((root / LATEST_FILE).read_text().strip())
-    except (OSError, ValueError):
-        steps = list_checkpoints(root)  # no (or a torn) latest file: the newest complete one
-        return step_dir(root, steps[-1]) if steps else None
-    path = step_dir(root, step)
-    return path if (path / LOOP_STATE_FILE).is_file() else None
+    """The directory of the newest complete checkpoint under `root`, or None.
+
+    A checkpoint directory is renamed into place complete, and the `latest` file (kept for
+    verl's tools) is replaced after it: a crash between the two leaves the file one checkpoint
+    behind, so the directories, not the file, say which checkpoint is the latest."""
+    steps = list_checkpoints(root)
+    return step_dir(root, steps[-1]) if steps else None
 
 
 def load_loop_state(path: str | Path) -> dict[str, Any]:

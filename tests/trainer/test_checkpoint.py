@@ -51,6 +51,13 @@ def test_a_torn_latest_file_falls_back_to_the_newest_complete_checkpoint(tmp_pat
         load_loop_state(tmp_path / "global_step_7")
 
 
+def test_a_crash_before_the_latest_file_is_replaced_still_resumes_from_the_newest(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, 1, {"step": 1}, write_weights("a"))
+    save_checkpoint(tmp_path, 2, {"step": 2}, write_weights("b"))
+    (tmp_path / LATEST_FILE).write_text("1\n")  # killed after the rename, before the file's update
+    assert latest_checkpoint(tmp_path) == step_dir(tmp_path, 2)
+
+
 def test_a_backend_that_fails_to_save_leaves_the_previous_checkpoint_latest(tmp_path: Path) -> None:
     save_checkpoint(tmp_path, 1, {"step": 1}, write_weights("a"))
 
