@@ -191,18 +191,18 @@ class Demo:
             "agents at once"
         )
 
+    def trainer_args(self) -> list[str]:
+        """The trainer process's arguments (after the interpreter): `agl-train` on `train.yaml`."""
+        return [
+            "-m",
+            "agentlightning.torch_backend.cli",
+            f"backend={self.cfg.trainer_backend}",
+            "--config",
+            str(self.config_path),
+        ]
+
     def train(self, train_cfg: DictConfig) -> int:
-        trainer = self._start(
-            "trainer",
-            [
-                "-m",
-                "agentlightning.torch_backend.cli",
-                f"backend={self.cfg.trainer_backend}",
-                "--config",
-                str(self.config_path),
-            ],
-            None,
-        )
+        trainer = self._start("trainer", self.trainer_args(), None)
         t = train_cfg.trainer
         steps = t.total_training_steps or f"{t.total_epochs} epoch(s) of"
         rollouts = f"{train_cfg.data.train_batch_size}×{train_cfg.actor_rollout_ref.rollout.n}"
@@ -285,12 +285,12 @@ def _stopped_by_user(demo: Demo) -> NoReturn:
     raise SystemExit(130)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None, demo_class: type[Demo] = Demo) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     # `train.KEY=VALUE` goes to the trainer's config (checked against agl-train's keys).
     train_overrides = [a.removeprefix("train.") for a in args if a.startswith("train.")]
     cfg = load_cli_config("demo", [a for a in args if not a.startswith("train.")], prog="agl-demo")
-    demo = Demo(cfg)
+    demo = demo_class(cfg)
     # Installed explicitly: a process started from a non-interactive shell's background job
     # (`make test &`, many CI runners) inherits SIGINT *ignored*, and Python then installs no
     # KeyboardInterrupt handler, so Ctrl-C (or `kill -INT`) was ignored and the run went on to

@@ -24,9 +24,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -354,15 +356,25 @@ def save_weights(
     cast to `dtype` when given (the serving dtype: half the bytes for bf16). `untie`: write a
     tied tensor under each of its names (e.g. `lm_head.weight` beside the embeddings), for a
     server that serves the model untied."""
+    return save_state(model.state_dict().items(), path, dtype, untie)  # type: ignore[attr-defined]
+
+
+def save_state(
+    named_tensors: Iterable[tuple[str, Any]],
+    path: str | os.PathLike[str],
+    dtype: object = None,
+    untie: bool = False,
+) -> Path:
+    """`save_weights` from `(name, tensor)` pairs in Hugging Face naming (a state dict's items,
+    or a training engine's per-tensor export), written atomically."""
     import torch
     from safetensors.torch import save_file
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    state = model.state_dict()  # type: ignore[attr-defined]
     tensors: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
-    for name, tensor in state.items():
+    for name, tensor in named_tensors:
         t = tensor.detach()
         if t.data_ptr() in seen:
             if not untie:  # a tied tensor: vLLM ties it itself

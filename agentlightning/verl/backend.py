@@ -55,6 +55,7 @@ class Workers(Protocol):
     def update(self, batch: Any) -> dict[str, float]: ...
     def save_checkpoint(self, path: str, step: int) -> None: ...
     def load_checkpoint(self, path: str) -> None: ...
+    def close(self) -> None: ...
 
 
 WorkersFactory = Callable[[DictConfig, int], Workers]
@@ -135,10 +136,8 @@ class VerlBackend:
         if self._own_client:
             self.client.close()
         workers, self.workers = self.workers, None
-        if workers is not None and getattr(workers, "owns_ray", False):
-            import ray
-
-            ray.shutdown()
+        if workers is not None:
+            workers.close()
 
     # --- the update ---------------------------------------------------------------------------
 
@@ -155,9 +154,10 @@ class VerlBackend:
             rows_to_batch(mb, workers.pad_token_id, workers.dp_size, micro)[0] for mb in mini_batches if mb
         ]
         recompute = self.ours.old_log_prob_source == "recompute"
+        diffs: list[float] = []
         for proto in protos:  # old log-probs: all before the first optimizer step
             if recompute or not proto.meta_info["has_rollout_log_probs"]:
-                self._recompute_old_log_probs(workers, proto)
+                diffs += self._recompute_old_log_probs(workers, proto)
         sums: dict[str, float] = {}
         n = 0
         for _ in range(int(self.view.actor_rollout_ref.actor.ppo_epochs)):
@@ -169,17 +169,24 @@ class VerlBackend:
         metrics = {k: v / max(n, 1) for k, v in sums.items()}
         metrics["actor/optimizer_steps"] = float(n)
         metrics["actor/old_log_prob_recomputed"] = float(recompute)
+        if diffs:  # how far the serving engine's log-probs are from the actor's (stale weights show here)
+            metrics["actor/rollout_actor_log_prob_abs_diff"] = sum(diffs) / len(diffs)
         return metrics
 
-    def _recompute_old_log_probs(self, workers: Workers, proto: Any) -> None:
+    def _recompute_old_log_probs(self, workers: Workers, proto: Any) -> list[float]:
+        """`old_log_probs` from the actor; the per-token |actor - rollout| log-prob gaps."""
         t = proto.batch
         mask = t["response_mask"].float()
         old = workers.compute_log_probs(proto).float() * mask
+        diffs: list[float] = []
+        if "rollout_log_probs" in t.keys():
+            diffs = ((old - t["rollout_log_probs"]).abs()[mask > 0]).tolist()
         if self.ours.tis_imp_ratio_cap > 0 and "rollout_log_probs" in t.keys():
             # truncated importance weights vs the rollout's log-probs, folded into the loss weights
             ratio = (old - t["rollout_log_probs"]).clamp(-20, 20).exp().clamp(max=self.ours.tis_imp_ratio_cap)
             t["rollout_is_weights"] = t["rollout_is_weights"] * ratio * mask
         t["old_log_probs"] = old
+        return diffs
 
 
 class VerlTrainer(TrainingLoop):

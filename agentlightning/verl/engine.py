@@ -8,7 +8,8 @@ This is the one module that touches verl's trainer internals, through as few doo
   (`checkpoint_manager`); its `fit()` loop, datasets and reward managers are not used
   (`_create_dataloader` is replaced; verl's agent loop is replaced by `NoAgentLoops`, because
   our agents reach vLLM through the Gateway),
-* the worker group's `update_actor`, `compute_log_prob`, `save_checkpoint`, `load_checkpoint`,
+* the worker group's `update_actor`, `compute_log_prob`, `save_checkpoint`, `load_checkpoint`
+  (`VerlActor`: the same calls work on one in-process `ActorRolloutRefWorker`),
 * `llm_server_manager.get_addresses()`, `checkpoint_manager.sleep_replicas()` / `update_weights()`.
 
 Why the legacy builder and not the V1 trainer: docs/verl_backend.md.
@@ -103,7 +104,81 @@ def _builder_class() -> type:
     return WorkerBuilder
 
 
-class VerlWorkers:
+class VerlActor:
+    """The actor side of the backend's `Workers`: calls to verl's `ActorRolloutRefWorker`
+    (`update_actor`, `compute_log_prob`, `save_checkpoint`, `load_checkpoint`) on `self.actor`,
+    the Ray worker group in `VerlWorkers` (the same methods, dispatched to every rank)."""
+
+    view: DictConfig
+    actor: Any = None
+    tokenizer: Any = None
+
+    @property
+    def dp_size(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return int(pad if pad is not None else self.tokenizer.eos_token_id)
+
+    def compute_log_probs(self, batch: Any) -> torch.Tensor:
+        """The actor's log-probs of the batch's responses, padded like `response_mask`
+        (`old_log_probs` for `recompute`); as verl's `RayPPOTrainer._compute_old_log_prob`."""
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+
+        td = left_right_2_no_padding(self._with_sampling_info(batch).to_tensordict())
+        tu.assign_non_tensor(td, calculate_entropy=False, calculate_sum_pi_squared=False, compute_loss=False)
+        output = self.actor.compute_log_prob(td)
+        return no_padding_2_padding(tu.get(output, "log_probs"), td).float()
+
+    def update(self, batch: Any) -> dict[str, float]:
+        """One optimizer step on one mini-batch (`rows_to_batch` order, rank-laid-out)."""
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import left_right_2_no_padding
+
+        td = left_right_2_no_padding(self._with_sampling_info(batch).to_tensordict())
+        size = len(batch)
+        tu.assign_non_tensor(
+            td,
+            calculate_entropy=bool(self.view.actor_rollout_ref.actor.get("calculate_entropy", False)),
+            distillation_use_topk=False,
+            distillation_only=False,
+            global_batch_size=size,
+            mini_batch_size=size,  # the whole call is one mini-batch: one optimizer step
+            epochs=1,
+            seed=int(self.view.actor_rollout_ref.actor.get("data_loader_seed", 0) or 0),
+            dataloader_kwargs={"shuffle": False},
+            compute_loss=True,
+        )
+        output = self.actor.update_actor(td)
+        return _flatten_metrics(tu.get(output, "metrics"))
+
+    def _with_sampling_info(self, batch: Any) -> Any:
+        """The rollout's temperature (verl's engine divides the logits by it) and multi-turn flag,
+        which every actor call reads from the batch (verl's own fit loop sets them the same way)."""
+        rollout = self.view.actor_rollout_ref.rollout
+        batch.meta_info["temperature"] = rollout.temperature
+        batch.meta_info["multi_turn"] = rollout.multi_turn.enable
+        return batch
+
+    def save_checkpoint(self, path: str, step: int) -> None:
+        self.actor.save_checkpoint(path, None, step, max_ckpt_to_keep=None)
+
+    def load_checkpoint(self, path: str) -> None:
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"no verl actor checkpoint at {path}")
+        self.actor.load_checkpoint(path, None, del_local_after_load=False)
+
+
+def set_total_optimizer_steps(view: DictConfig, total_optimizer_steps: int) -> None:
+    """The LR scheduler's horizon: the core's optimizer steps, not verl's dataloader's."""
+    with open_dict(view):
+        view.actor_rollout_ref.actor.optim.total_training_steps = total_optimizer_steps
+
+
+class VerlWorkers(VerlActor):
     """The FSDP actor worker group, the vLLM replicas serving it, and the weight sync between them."""
 
     def __init__(self, view: DictConfig, total_optimizer_steps: int) -> None:
@@ -111,9 +186,8 @@ class VerlWorkers:
         with open_dict(view):
             view.actor_rollout_ref.rollout.setdefault("agent", {})
             view.actor_rollout_ref.rollout.agent.agent_loop_manager_class = NO_AGENT_LOOPS
-            view.actor_rollout_ref.actor.optim.total_training_steps = total_optimizer_steps
+        set_total_optimizer_steps(view, total_optimizer_steps)
         self.trainer: Any = None
-        self.tokenizer: Any = None
         self.owns_ray = False  # set by whoever started Ray for these workers
 
     def start(self) -> list[str]:
@@ -138,8 +212,13 @@ class VerlWorkers:
             ray_worker_group_cls=worker_group_cls,
         )
         self.trainer.init_workers()  # ends with the replicas asleep
+        self.actor = self.trainer.actor_rollout_wg
         self.trainer.checkpoint_manager.update_weights(0)  # wake them with the actor's weights
         return self.addresses()
+
+    @property
+    def dp_size(self) -> int:
+        return int(self.trainer._get_dp_size(self.actor, "actor"))
 
     # --- serving ----------------------------------------------------------------------------
 
@@ -155,57 +234,9 @@ class VerlWorkers:
         """The actor's weights into every replica (waking them when asleep)."""
         self.trainer.checkpoint_manager.update_weights(step)
 
-    # --- training ---------------------------------------------------------------------------
-
-    @property
-    def dp_size(self) -> int:
-        return int(self.trainer._get_dp_size(self.trainer.actor_rollout_wg, "actor"))
-
-    @property
-    def pad_token_id(self) -> int:
-        pad = self.tokenizer.pad_token_id
-        return int(pad if pad is not None else self.tokenizer.eos_token_id)
-
-    def compute_log_probs(self, batch: Any) -> torch.Tensor:
-        """The actor's log-probs of the batch's responses (`old_log_probs` for `recompute`)."""
-        old, _ = self.trainer._compute_old_log_prob(batch)
-        return old.batch["old_log_probs"]
-
-    def update(self, batch: Any) -> dict[str, float]:
-        """One optimizer step on one mini-batch (`rows_to_batch` order, rank-laid-out)."""
-        from tensordict import TensorDict  # noqa: F401  (verl's worker input type)
-        from verl.utils import tensordict_utils as tu
-        from verl.workers.utils.padding import left_right_2_no_padding
-
-        rollout = self.view.actor_rollout_ref.rollout
-        batch.meta_info["temperature"] = rollout.temperature
-        batch.meta_info["multi_turn"] = rollout.multi_turn.enable
-        td = left_right_2_no_padding(batch.to_tensordict())
-        size = len(batch)
-        tu.assign_non_tensor(
-            td,
-            calculate_entropy=bool(self.view.actor_rollout_ref.actor.get("calculate_entropy", False)),
-            distillation_use_topk=False,
-            distillation_only=False,
-            global_batch_size=size,
-            mini_batch_size=size,  # the whole call is one mini-batch: one optimizer step
-            epochs=1,
-            seed=int(self.view.actor_rollout_ref.actor.get("data_loader_seed", 0) or 0),
-            dataloader_kwargs={"shuffle": False},
-            compute_loss=True,
-        )
-        output = self.trainer.actor_rollout_wg.update_actor(td)
-        return _flatten_metrics(tu.get(output, "metrics"))
-
-    # --- checkpoints ------------------------------------------------------------------------
-
-    def save_checkpoint(self, path: str, step: int) -> None:
-        self.trainer.actor_rollout_wg.save_checkpoint(path, None, step, max_ckpt_to_keep=None)
-
-    def load_checkpoint(self, path: str) -> None:
-        if not os.path.isdir(path):
-            raise FileNotFoundError(f"no verl actor checkpoint at {path}")
-        self.trainer.actor_rollout_wg.load_checkpoint(path, None, del_local_after_load=False)
+    def close(self) -> None:
+        if self.owns_ray:
+            ray.shutdown()
 
 
 def _flatten_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:

@@ -98,3 +98,36 @@ class PlatformCPU(PlatformCUDA):
 
 def use_cpu_platform() -> None:
     set_platform(PlatformCPU())
+
+
+# verl's FSDP2 actor in fp32 on CPU, without flash-attn, remove-padding or torch.compile.
+CPU_ACTOR_OVERRIDES = [
+    "actor_rollout_ref.model.use_remove_padding=false",
+    "actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+    "actor_rollout_ref.actor.strategy=fsdp2",
+    "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32",
+    "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",  # bf16 by default
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
+    "trainer.n_gpus_per_node=1",
+]
+
+
+def init_single_process() -> None:
+    """This process as the one rank of a gloo process group, on the CPU platform (before any
+    `verl.workers` import), as verl's Ray worker would set itself up on a GPU."""
+    import os
+
+    from agentlightning.procs import free_port
+
+    use_cpu_platform()
+    os.environ.update(
+        VERL_ENGINE_DEVICE="cuda",  # pick verl's FSDP engine class; it runs on the CPU platform
+        VERL_ENGINE_VENDOR="nvidia",
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+    )
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)

@@ -8,30 +8,17 @@ this process, with the test-only CPU platform (`cpu_platform.py`). Prints verl's
 from __future__ import annotations
 
 import json
-import os
 import sys
 from functools import partial
 
 import torch
 
-from tests.verl.cpu_platform import use_cpu_platform
+from tests.verl.cpu_platform import CPU_ACTOR_OVERRIDES, init_single_process
 
 
 def main(model_dir: str, rows_path: str, micro: int) -> None:
     torch.set_num_threads(1)
-    use_cpu_platform()  # before verl.workers is imported
-    from agentlightning.procs import free_port
-
-    os.environ.update(
-        VERL_ENGINE_DEVICE="cuda",  # pick verl's FSDP engine class; it runs on the CPU platform
-        VERL_ENGINE_VENDOR="nvidia",
-        RANK="0",
-        WORLD_SIZE="1",
-        LOCAL_RANK="0",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(free_port()),
-    )
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    init_single_process()
 
     from verl.utils import tensordict_utils as tu
     from verl.utils.config import omega_conf_to_dataclass
@@ -46,17 +33,10 @@ def main(model_dir: str, rows_path: str, micro: int) -> None:
     cfg = compose_config(
         overrides=[
             f"actor_rollout_ref.model.path={model_dir}",
-            "actor_rollout_ref.model.use_remove_padding=false",
-            "actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-            "actor_rollout_ref.actor.strategy=fsdp2",
-            "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32",
-            "actor_rollout_ref.actor.fsdp_config.dtype=float32",
-            "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32",  # bf16 by default
-            "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
+            *CPU_ACTOR_OVERRIDES,
             f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
             "actor_rollout_ref.actor.clip_ratio_high=0.28",
             "actor_rollout_ref.actor.optim.lr=0.0",
-            "trainer.n_gpus_per_node=1",
         ]
     )
     view = verl_view(cfg)

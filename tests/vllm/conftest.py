@@ -14,13 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from agentlightning.torch_backend.vllm_server import (
-    VLLMServer,
-    VLLMServerConfig,
-    vllm_python,
-    vllm_unavailable,
-)
+from agentlightning.torch_backend.vllm_server import VLLMServer, VLLMServerConfig
 from tests.conftest import RunningGateway, start_gateway
+from tests.vllm.available import vllm_python_or_skip
 
 from .scripted import save_scripted_model
 
@@ -30,16 +26,7 @@ SERVED_NAME = "policy"
 @pytest.fixture(scope="session")
 def vllm_ready() -> str:
     """The interpreter that runs vLLM; skips (fails on CI) when there is none."""
-    python = vllm_python()
-    reason = vllm_unavailable(python)
-    unavailable = Path(python).parent.parent / "UNAVAILABLE"  # `make vllm` failed: its log's tail
-    if unavailable.exists():
-        reason = f"{reason or ''}\n`make vllm` failed:\n{unavailable.read_text(errors='replace')[-1000:]}"
-    if reason is not None:
-        if os.environ.get("CI"):
-            pytest.fail(f"vLLM must run on CI: {reason}")
-        pytest.skip(f"real vLLM is not installed here: {reason}")
-    return python
+    return vllm_python_or_skip()
 
 
 @dataclass
