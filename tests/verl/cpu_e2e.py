@@ -12,6 +12,8 @@ scheduler, and verl's checkpoints are the ones a GPU run uses.
 
     python -m tests.verl.cpu_e2e run [agl-demo key=value ...] [train.KEY=VALUE ...]
     python -m tests.verl.cpu_e2e train CONFIG.yaml         (the trainer process `run` starts)
+    python -m tests.verl.cpu_e2e restore CONFIG.yaml CHECKPOINT_DIR OUT_DIR
+                                                          (verl's actor restored, its weights saved)
 
 `run` is `agl-demo` (warm-up, data, Gateway, Controller, report) with this trainer; it prints
 `validation reward: BEFORE -> AFTER` at the end like the demo.
@@ -21,8 +23,9 @@ from __future__ import annotations
 
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -61,17 +64,25 @@ def cpu_workers_class() -> type:
             return 1
 
         def start(self) -> list[str]:
-            from transformers import AutoTokenizer
-            from verl.workers.engine_workers import ActorRolloutRefWorker
-
+            self.start_actor()
             model_path = str(self.view.actor_rollout_ref.model.path)
-            self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-            self.actor = ActorRolloutRefWorker(config=self.view.actor_rollout_ref, role="actor")
-            self.actor.init_model()
             self.servers = VLLMServers(
                 model_path, self.served_model_name, self.server, self.workdir / "servers"
             ).start()
             return self.addresses()
+
+        def start_actor(self) -> None:
+            from transformers import AutoTokenizer
+            from verl.workers.engine_workers import ActorRolloutRefWorker
+
+            self.tokenizer = AutoTokenizer.from_pretrained(str(self.view.actor_rollout_ref.model.path))
+            self.actor = ActorRolloutRefWorker(config=self.view.actor_rollout_ref, role="actor")
+            self.actor.init_model()
+
+        def export_weights(self, folder: Path) -> Path:
+            """The actor's weights as verl's engine exports them for its weight sync, as safetensors."""
+            named, _ = self.actor.actor.engine.get_per_tensor_param()
+            return save_state(named, folder)
 
         def addresses(self) -> list[str]:
             assert self.servers is not None
@@ -83,8 +94,7 @@ def cpu_workers_class() -> type:
 
         def sync_weights(self, step: int) -> None:
             assert self.servers is not None
-            named, _ = self.actor.actor.engine.get_per_tensor_param()  # what verl's weight sync sends
-            folder = save_state(named, self.workdir / "weights" / f"step{step}")
+            folder = self.export_weights(self.workdir / "weights" / f"step{step}")
             self.servers.reload(folder)
             previous, self.served = self.served, folder
             if previous is not None and previous != folder:
@@ -98,14 +108,14 @@ def cpu_workers_class() -> type:
     return CpuWorkers
 
 
-def train(config_path: str) -> None:
-    """The trainer process: `VerlTrainer` with `CpuWorkers`, on the demo's `train.yaml`."""
+def _setup(config_path: str) -> tuple[DictConfig, Callable[[DictConfig, int], Any]]:
+    """This process on the CPU platform; the demo's `train.yaml` composed for verl on CPU, and a
+    `CpuWorkers` factory for it."""
     torch.set_num_threads(1)
     init_single_process()
     from agentlightning.log import configure_logging
     from agentlightning.torch_backend.config import load_torch_backend_config
     from agentlightning.torch_backend.vllm_engine import server_config
-    from agentlightning.verl.backend import VerlTrainer
     from agentlightning.verl.config import compose_config
 
     user = OmegaConf.load(config_path)
@@ -119,10 +129,30 @@ def train(config_path: str) -> None:
     workdir = Path(str(cfg.trainer.output_dir)) / "vllm"
     workers = cpu_workers_class()
 
-    def factory(view: DictConfig, total_optimizer_steps: int) -> object:
+    def factory(view: DictConfig, total_optimizer_steps: int) -> Any:
         return workers(view, total_optimizer_steps, str(cfg.agentlightning.model_name), server, workdir)
 
-    VerlTrainer(cfg, workers=factory).fit()  # type: ignore[arg-type]
+    return cfg, factory
+
+
+def train(config_path: str) -> None:
+    """The trainer process: `VerlTrainer` with `CpuWorkers`, on the demo's `train.yaml`."""
+    from agentlightning.verl.backend import VerlTrainer
+
+    cfg, factory = _setup(config_path)
+    VerlTrainer(cfg, workers=factory).fit()
+
+
+def restore(config_path: str, checkpoint: str, out: str) -> None:
+    """verl's actor restored from a checkpoint's `actor/` (as a resumed trainer's backend does),
+    its weights exported to `out` as safetensors."""
+    from agentlightning.verl.config import verl_view
+
+    cfg, factory = _setup(config_path)
+    workers = factory(verl_view(cfg), 1)
+    workers.start_actor()
+    workers.load_checkpoint(str(Path(checkpoint) / "actor"))
+    workers.export_weights(Path(out))
 
 
 def run(argv: Sequence[str]) -> None:
@@ -140,6 +170,8 @@ if __name__ == "__main__":
     command, *rest = sys.argv[1:] or [""]
     if command == "train" and len(rest) == 1:
         train(rest[0])
+    elif command == "restore" and len(rest) == 3:
+        restore(*rest)
     elif command == "run":
         run(rest)
     else:

@@ -18,6 +18,7 @@ from .conftest import REPO, SKIP_REASON
 
 pytest.importorskip("verl", reason=SKIP_REASON)
 
+import torch
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.timeout(1500)
@@ -101,4 +102,28 @@ def test_the_loop_trains_with_verls_worker_and_real_vllm_on_cpu(tmp_path: Path) 
         assert json.loads((folder / "loop_state.json").read_text())["step"] == step
         assert (folder / "actor" / "model_world_size_1_rank_0.pt").is_file()
         assert (folder / "actor" / "optim_world_size_1_rank_0.pt").is_file()
-    assert _processes_mentioning(str(tmp_path)) == []  # vLLM, Gateway, Controller, agents: all stopped
+    assert _processes_mentioning(str(tmp_path)) == []
+
+    # a resumed trainer's actor: verl's load_checkpoint restores exactly the weights vLLM served last
+    restored = tmp_path / "restored"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.verl.cpu_e2e",
+            "restore",
+            str(run / "train.yaml"),
+            str(folder),
+            str(restored),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-5000:]
+    weights = load_file(restored / "model.safetensors")
+    assert weights.keys() == final.keys()
+    assert all(
+        torch.equal(weights[k], final[k]) for k in final
+    )  # vLLM, Gateway, Controller, agents: all stopped
