@@ -139,7 +139,10 @@ def test_publish_order_and_no_agent_call_fails(gateway: RunningGateway, setup: A
             trainer.start()
             if version == 1:
                 # paused and waiting on the held call: nothing may sleep yet
+                deadline = time.monotonic() + 120
                 while not client.proxy_state().paused:
+                    assert not failure, failure
+                    assert time.monotonic() < deadline, "the update never paused the Gateway"
                     time.sleep(0.01)
                 assert client.proxy_state().inflight >= 1
                 assert not any(what == "sleep" for what, _ in workers.log)
