@@ -1,0 +1,82 @@
+"""MoE routing replay (R3): the routes vLLM used for a call, recorded for the trainer.
+
+With `default_proxy.include_routed_experts`, a train-mode call asks vLLM for
+`return_routed_experts`; each choice's `routed_experts` is taken out of the answer the agent
+sees (as v1.0 does) and the first choice's is stored apart from the event (`Store.put_routes`).
+
+Routes are large (one entry per token, per layer, per chosen expert) and only the last call of
+a trajectory is trained on with them: its prompt + response covers every earlier call's tokens.
+So a call whose prompt equals an earlier call's prompt (a retry), or begins with an earlier
+call's prompt + response (the next turn), drops that call's routes, as v1.0 does
+(`_drop_superseded_routed_experts`). The index below remembers, per attempt, digests of the
+calls still holding routes; it lives in memory: after a Gateway restart, routes stored before
+it are no longer superseded (they stay, and reads still return them).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from agentlightning.server.triplet import prompt_key
+
+MAX_ATTEMPTS = 16384  # attempts the index keeps (LRU)
+MAX_HOLDERS = 64  # calls per attempt still holding routes (interleaved conversations)
+
+
+def pop_routed_experts(response: dict[str, Any]) -> Any:
+    """Take `routed_experts` out of every choice; the first one found (v1.0's `_pop_routed_experts`)."""
+    found = None
+    choices = response.get("choices")
+    if not isinstance(choices, list):
+        return None
+    for choice in choices:
+        if isinstance(choice, dict):
+            routes = choice.pop("routed_experts", None)
+            if found is None:
+                found = routes
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class _Holder:
+    sequence: int
+    prompt_len: int
+    prompt_digest: str
+    context_len: int  # prompt + response
+    context_digest: str
+
+
+class RouteIndex:
+    """Per attempt, the calls whose routes are still stored; says which a new call supersedes."""
+
+    def __init__(self) -> None:
+        self._attempts: OrderedDict[tuple[str, str], list[_Holder]] = OrderedDict()
+
+    def supersede(
+        self, rollout_id: str, attempt_id: str, sequence: int, prompt_ids: list[int], response_ids: list[int]
+    ) -> list[int]:
+        """Record call `sequence` as holding routes; return the sequences whose routes it supersedes."""
+        if not (prompt_ids and response_ids):  # nothing to extend, nothing a later call can cover
+            return []
+        key = (rollout_id, attempt_id)
+        holders = self._attempts.pop(key, [])
+        dropped: list[int] = []
+        kept: list[_Holder] = []
+        n = len(prompt_ids)
+        whole = prompt_key(prompt_ids)
+        for h in holders:
+            same_prompt = h.prompt_len == n and h.prompt_digest == whole
+            extends = (
+                0 < h.context_len <= n
+                and (whole if h.context_len == n else prompt_key(prompt_ids[: h.context_len]))
+                == h.context_digest
+            )
+            (dropped if same_prompt or extends else kept).append(h)
+        context = prompt_ids + response_ids
+        kept.append(_Holder(sequence, n, whole, len(context), prompt_key(context)))
+        self._attempts[key] = kept[-MAX_HOLDERS:]
+        while len(self._attempts) > MAX_ATTEMPTS:
+            self._attempts.popitem(last=False)
+        return [h.sequence for h in dropped]
