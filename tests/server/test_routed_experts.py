@@ -12,11 +12,13 @@ from typing import Any
 import httpx
 import pytest
 
-from agentlightning.client import GatewayClient
+from agentlightning.client import GatewayClient, expand_prompt_refs
 from agentlightning.schemas import Model, Rollout, RolloutCreate
 from agentlightning.server.proxy.experts import RouteIndex
 from agentlightning.server.store import MemoryStore, RolloutNotFound, Store
 from agentlightning.server.store.sqlite import SqliteStore
+from agentlightning.trainer.aggregation import aggregate_rollout
+from agentlightning.trainer.config import AggregationLevel
 from tests.conftest import RunningGateway, start_gateway
 from tests.fakes.model_server import FakeModelServer, Reply, chat_prompt_ids, encode_routes, routes_for
 
@@ -223,3 +225,30 @@ def test_route_index_supersedes_retries_and_extensions_only() -> None:
     assert index.supersede("r", "a", 5, [1, 2, 3, 4, 5, 6], [7]) == [1]  # the next turn of call 1
     assert index.supersede("r", "a", 6, [9, 9], [3]) == [2]  # a retry of call 2
     assert index.supersede("r", "a", 7, [], []) == []  # no prompt ids: nothing to compare
+
+
+@pytest.mark.parametrize("fmt", ["triplet", "triplet_delta"])
+def test_routes_reach_the_training_rows_of_a_trajectory(
+    gw_on: RunningGateway, fake: FakeModelServer, fmt: str
+) -> None:
+    """Gateway -> batch read (as the trainer's collector reads) -> trajectory rows: the row gets
+    the last call's routes, which cover its prompt + response. Long prompts: stored as deltas."""
+    _prepare(gw_on, fake)
+    rid = new_rollout(gw_on)
+    long_user = {"role": "user", "content": " ".join(f"w{i}" for i in range(700))}
+    fake.state.script(Reply(content="four"), Reply(content="five"))
+    chat(gw_on, rid, [long_user])
+    turn = [long_user, {"role": "assistant", "content": "four"}, {"role": "user", "content": "and three"}]
+    last = chat(gw_on, rid, turn)
+    with GatewayClient(gw_on.url, KEY) as c:
+        [answer] = c.get_events_batch([rid], format=fmt)  # type: ignore[arg-type]
+    if fmt == "triplet_delta":  # the second call's prompt is sent as a reference to the first's
+        assert [e["data"]["prompt_ref"] is not None for e in answer["events"]] == [False, True]
+    events = expand_prompt_refs(answer["events"], lazy=True)
+    [row] = aggregate_rollout(events, rid, "g", 1.0)
+    assert row.n_calls == 2
+    assert row.prompt_ids + row.response_ids == last["prompt_token_ids"] + last["choices"][0]["token_ids"]
+    assert row.routed_experts == expected_routes(last)
+    # Each call its own row (transition): the first call's routes were superseded, so its row has none.
+    rows = aggregate_rollout(events, rid, "g", 1.0, level=AggregationLevel.TRANSITION)
+    assert [r.routed_experts for r in rows] == [None, expected_routes(last)]
