@@ -226,6 +226,9 @@ class FakeState:
         self.delay = delay
         self.default_content = default_content
         self.served_model_name = served_model_name
+        # Routes on every non-streamed answer, asked or not: vLLM 0.32 serving with
+        # `enable_return_routed_experts` (its OpenAI API has no per-request switch).
+        self.routes_always = False
         self._lock = threading.Lock()
         self._script: list[Reply] = []
         self.requests: deque[dict[str, Any]] = deque(maxlen=10000)
@@ -341,13 +344,14 @@ def _tool_call_json(call: ToolCall, call_id: str) -> dict[str, Any]:
 class _Call:
     """One parsed request: what to generate and how to shape the answer."""
 
-    def __init__(self, api: str, body: dict[str, Any]) -> None:
+    def __init__(self, api: str, body: dict[str, Any], routes_always: bool = False) -> None:
         self.api = api
         self.body = body
         self.model = body.get("model")
         self.stream = bool(body.get("stream"))
         self.token_ids = bool(body.get("return_token_ids"))
-        self.routed_experts = body.get("return_routed_experts") is True and not self.stream
+        asked = routes_always or body.get("return_routed_experts") is True
+        self.routed_experts = asked and not self.stream  # vLLM 0.32 returns none in streams
         self.n = int(body.get("n") or 1)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         self.max_tokens = int(max_tokens) if max_tokens is not None else None
@@ -529,7 +533,7 @@ def build_app(state: FakeState) -> web.Application:
         if not isinstance(body, dict):
             return _error(400, "request body must be a JSON object")
         try:
-            call = _Call(api, body)
+            call = _Call(api, body, state.routes_always)
         except (ValueError, TypeError) as exc:
             return _error(400, str(exc))
         reply = state.take(call.key_text)

@@ -150,11 +150,19 @@ def test_a_retried_prompt_supersedes_and_streams_ask_for_no_routes(
         r = h.post(url, json={"model": "any", "messages": [USER], "stream": True})
         assert r.status_code == 200
     assert "return_routed_experts" not in fake.state.requests[-1]["body"]
-    # Validation calls never train: no routes asked for.
-    with http(gw_on) as h:
-        r = h.post(url.replace("/mode/train/", "/mode/val/"), json={"model": "any", "messages": [USER]})
-        assert r.status_code == 200
-    assert "return_routed_experts" not in fake.state.requests[-1]["body"]
+    # Validation calls never train: no routes asked for. A server that sends them anyway (vLLM
+    # 0.32 with enable_return_routed_experts) still never shows them to the agent; none stored.
+    fake.state.routes_always = True
+    try:
+        with http(gw_on) as h:
+            r = h.post(url.replace("/mode/train/", "/mode/val/"), json={"model": "any", "messages": [USER]})
+            assert r.status_code == 200
+            assert all("routed_experts" not in c for c in r.json()["choices"])
+            assert "return_routed_experts" not in fake.state.requests[-1]["body"]
+    finally:
+        fake.state.routes_always = False
+    stored = [e.get("routed_experts") is not None for e in read(gw_on, rid)]
+    assert stored == [False, True, False, False]  # first call superseded; stream and val: none
 
 
 def test_routes_survive_a_gateway_restart(tmp_path: Path, fake: FakeModelServer) -> None:

@@ -144,9 +144,13 @@ async def _call(
                 response = orjson.loads(forwarded.body)
             except orjson.JSONDecodeError:
                 error = f"the inference server answered {status} with a body that is not JSON"
-            if "return_routed_experts" in params and isinstance(response, dict):
+            if config.include_routed_experts and isinstance(response, dict):
+                # vLLM (0.32: `enable_return_routed_experts` server-side) returns routes on every
+                # answer: never the agent's to see (as v1.0); kept for train-mode calls only.
                 routes = pop_routed_experts(response)
                 answer = Answer(orjson.dumps(response), status, forwarded.content_type)
+                if mode != "train":
+                    routes = None
         else:
             error = (
                 f"the inference server answered {status}: {forwarded.body[:1000].decode(errors='replace')}"
