@@ -165,7 +165,9 @@ def test_a_retried_prompt_supersedes_and_streams_ask_for_no_routes(
     assert stored == [False, True, False, False]  # first call superseded; stream and val: none
 
 
-def test_routes_survive_a_gateway_restart(tmp_path: Path, fake: FakeModelServer) -> None:
+def test_routes_survive_a_gateway_restart_and_are_superseded_after_it(
+    tmp_path: Path, fake: FakeModelServer
+) -> None:
     db = tmp_path / "g.db"
     gw = start_gateway(tmp_path, KEY, ON, db_path=db)
     try:
@@ -178,6 +180,12 @@ def test_routes_survive_a_gateway_restart(tmp_path: Path, fake: FakeModelServer)
     try:
         [event] = read(gw, rid, format="triplet")
         assert event["routed_experts"] == expected_routes(answer)
+        # The next turn, after the restart, still supersedes the routes stored before it.
+        _prepare(gw, fake)
+        fake.state.script(Reply(content="four"))
+        turn = [USER, {"role": "assistant", "content": answer["choices"][0]["message"]["content"]}]
+        second = chat(gw, rid, [*turn, {"role": "user", "content": "and three"}])
+        assert [e.get("routed_experts") for e in read(gw, rid)] == [None, expected_routes(second)]
         with GatewayClient(gw.url, KEY) as c:
             c.delete_rollout(rid)
         with http(gw) as h:

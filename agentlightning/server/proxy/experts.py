@@ -9,8 +9,8 @@ a trajectory is trained on with them: its prompt + response covers every earlier
 So a call whose prompt equals an earlier call's prompt (a retry), or begins with an earlier
 call's prompt + response (the next turn), drops that call's routes, as v1.0 does
 (`_drop_superseded_routed_experts`). The index below remembers, per attempt, digests of the
-calls still holding routes; it lives in memory: after a Gateway restart, routes stored before
-it are no longer superseded (they stay, and reads still return them).
+calls still holding routes; an attempt it does not know (new, forgotten, or from before a
+Gateway restart) is loaded from the store on its first call with routes.
 """
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
+from agentlightning.schemas import EVENT_MODEL_REQUEST
+from agentlightning.server.store import Store
 from agentlightning.server.triplet import prompt_key
 
 MAX_ATTEMPTS = 16384  # attempts the index keeps (LRU)
@@ -47,6 +51,11 @@ class _Holder:
     context_len: int  # prompt + response
     context_digest: str
 
+    @classmethod
+    def of(cls, sequence: int, prompt_ids: list[int], response_ids: list[int]) -> _Holder:
+        context = prompt_ids + response_ids
+        return cls(sequence, len(prompt_ids), prompt_key(prompt_ids), len(context), prompt_key(context))
+
 
 class RouteIndex:
     """Per attempt, the calls whose routes are still stored; says which a new call supersedes."""
@@ -74,9 +83,28 @@ class RouteIndex:
                 == h.context_digest
             )
             (dropped if same_prompt or extends else kept).append(h)
-        context = prompt_ids + response_ids
-        kept.append(_Holder(sequence, n, whole, len(context), prompt_key(context)))
-        self._attempts[key] = kept[-MAX_HOLDERS:]
+        kept.append(_Holder.of(sequence, prompt_ids, response_ids))
+        self._keep(key, kept)
+        return [h.sequence for h in dropped]
+
+    def _keep(self, key: tuple[str, str], holders: list[_Holder]) -> None:
+        self._attempts[key] = holders[-MAX_HOLDERS:]
         while len(self._attempts) > MAX_ATTEMPTS:
             self._attempts.popitem(last=False)
-        return [h.sequence for h in dropped]
+
+    async def load(self, store: Store, rollout_id: str, attempt_id: str) -> None:
+        """Know the attempt: when new to the index, the calls of it the store holds routes of."""
+        key = (rollout_id, attempt_id)
+        if key in self._attempts:
+            return
+        holders: list[_Holder] = []
+        held = await store.get_routes(rollout_id)
+        if held:
+            events = await store.list_events(rollout_id, attempt_id, EVENT_MODEL_REQUEST, view="triplet")
+            for e in events:
+                if e.sequence in held and e.record.triplet:
+                    t = orjson.loads(e.record.triplet)
+                    if t.get("prompt_token_ids") and t.get("response_token_ids"):
+                        holders.append(_Holder.of(e.sequence, t["prompt_token_ids"], t["response_token_ids"]))
+        if key not in self._attempts:  # another call of the attempt may have loaded it meanwhile
+            self._keep(key, holders)

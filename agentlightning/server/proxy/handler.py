@@ -183,6 +183,7 @@ async def _save_with_routes(state: GatewayState, record: CallRecord, routes: obj
     if record.data.get("status") == "error":
         return
     triplet = model_request_triplet(record.data)
+    await state.proxy.routes.load(state.store, record.rollout_id, record.attempt_id)
     drop = state.proxy.routes.supersede(
         record.rollout_id,
         record.attempt_id,
