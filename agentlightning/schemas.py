@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 # Ids travel in URL path segments and file names: no slashes, no whitespace.
 ID_PATTERN = r"^[^/\s]{1,256}$"
@@ -211,6 +211,9 @@ class BatchEventsQuery(RolloutIdList):
         "little-endian (docs/long_horizon.md)",
     )
     event_type: str | None = None
+    include_routed_experts: StrictBool = Field(
+        True, description="as the events route's query parameter: MoE routes of model calls (R3)"
+    )
 
 
 class RolloutEvents(BaseModel):

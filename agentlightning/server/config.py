@@ -18,9 +18,7 @@ class ModeConfig:
 class DefaultProxyConfig:
     model_name: str = "policy"
     include_log_probs: bool = True
-    include_routed_experts: bool = (
-        False  # v1.0's key for MoE routing capture; not supported (must stay false)
-    )
+    include_routed_experts: bool = False  # MoE routing replay (R3): record vLLM's routed_experts
     train: ModeConfig = field(default_factory=lambda: ModeConfig(temperature=1.0))
     val: ModeConfig = field(default_factory=lambda: ModeConfig(temperature=0.7))
 
@@ -127,6 +125,4 @@ def load_server_config(cfg: DictConfig | dict[str, Any] | None = None, **overrid
         raise ValueError("controller_key needs key (the admin key) to be set too: without it auth is off")
     if config.controller_key and config.controller_key == config.key:
         raise ValueError("controller_key must differ from key")
-    if config.default_proxy.include_routed_experts:
-        raise ValueError("default_proxy.include_routed_experts=true is not supported by this Gateway")
     return config

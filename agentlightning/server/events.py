@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -72,9 +72,14 @@ def appended_event(sequence: int, record: EventRecord) -> bytes:
 
 
 def render_events(
-    events: Sequence[StoredEvent], view: Literal["data", "triplet", "triplet_delta"] = "data"
+    events: Sequence[StoredEvent],
+    view: Literal["data", "triplet", "triplet_delta"] = "data",
+    routes: Mapping[int, bytes] | None = None,
 ) -> bytes:
-    """A JSON array of events. In the triplet views, repeated prompts keep only their last call."""
+    """A JSON array of events. In the triplet views, repeated prompts keep only their last call.
+
+    `routes` (event sequence -> JSON) are the MoE routes of calls that still hold them
+    (proxy/experts.py): spliced into the payload as `routed_experts`, in every view."""
     if view != "data":
         keys = [e.record.prompt_key if e.record.event_type == EVENT_MODEL_REQUEST else None for e in events]
         events = [events[i] for i in keep_last_per_prompt(keys)]
@@ -90,6 +95,9 @@ def render_events(
                 "sequence": e.sequence,
             }
         )
-        payload = r.data if view == "data" else r.triplet
-        parts.append(head[:-1] + b',"data":' + (payload or b"{}") + b"}")
+        payload = (r.data if view == "data" else r.triplet) or b"{}"
+        if routes and e.sequence in routes:
+            sep = b"" if payload == b"{}" else b","
+            payload = payload[:-1] + sep + b'"routed_experts":' + routes[e.sequence] + b"}"
+        parts.append(head[:-1] + b',"data":' + payload + b"}")
     return b"[" + b",".join(parts) + b"]"

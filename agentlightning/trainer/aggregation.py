@@ -33,6 +33,7 @@ class Call:
     response_ids: list[int]
     log_probs: list[float] | None
     version: int
+    routes: Any = None  # MoE routes (R3) as the Gateway recorded them (`routed_experts`), if any
 
 
 @dataclass(slots=True)
@@ -83,7 +84,7 @@ def usable_calls(events: Iterable[dict[str, Any]], stats: AggregationStats) -> l
         version = server.get("version") if isinstance(server, dict) else None
         if not isinstance(version, int) or isinstance(version, bool):
             version = CONTEXT_VERSION
-        calls.append(Call(prompt, response, log_probs, version))
+        calls.append(Call(prompt, response, log_probs, version, data.get("routed_experts")))
     stats.n_calls += len(calls)
     return calls
 
@@ -99,6 +100,7 @@ class _OpenRow:
         "n_calls",
         "prompt",
         "response",
+        "routes",
         "seq_len",
         "turn_index",
         "versions",
@@ -115,6 +117,8 @@ class _OpenRow:
         self.turn_index = turn_index
         self.n_calls = 1
         self.last_prompt, self.last_response = call.prompt_ids, call.response_ids  # the last call merged
+        # The last merged call's routes cover the whole row: its prompt + response is the row.
+        self.routes = call.routes
 
     def extends(self, call: Call) -> bool:
         """Whether the call's prompt begins with exactly this row's tokens so far."""
@@ -148,6 +152,7 @@ class _OpenRow:
         self.seq_len = len(call.prompt_ids) + n_resp
         self.n_calls += 1
         self.last_prompt, self.last_response = call.prompt_ids, call.response_ids
+        self.routes = call.routes
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +198,7 @@ def _close(
             turn_index=row.turn_index,
             n_calls=row.n_calls,
             truncated=truncated,
+            routed_experts=row.routes,
         )
     )
 

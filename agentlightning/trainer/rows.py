@@ -13,6 +13,7 @@ however many rows and tokens it made, under any micro-batching.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 CONTEXT_VERSION = -1  # model_versions entry of a context token (and of a call with no version)
 
@@ -35,6 +36,10 @@ class TrainingRow:
     turn_index: int = 0  # index (among the rollout's usable calls) of the row's first call
     n_calls: int = 1  # model calls merged into this row
     truncated: bool = False  # the response was cut at the response-length limit
+    # MoE routes (R3) of the row's last call, as recorded (vLLM's base64 .npy, or nested lists):
+    # [tokens, layers, top-k] over prompt + response, the last token's possibly missing. The
+    # verl backend decodes and aligns them (verl/batch.py); None when not recorded.
+    routed_experts: Any = None
 
     @property
     def n_trainable(self) -> int:

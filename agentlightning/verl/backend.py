@@ -34,7 +34,7 @@ from agentlightning.trainer import CoreConfig, TrainingBatch
 from agentlightning.trainer.loop import TrainingLoop
 from agentlightning.trainer.publish import EndpointPublisher
 from agentlightning.verl.batch import rows_to_batch
-from agentlightning.verl.config import VerlBackendConfig, compose_config, validate
+from agentlightning.verl.config import VerlBackendConfig, compose_config, router_replay_mode, validate
 
 log = get_logger("verl_backend")
 
@@ -150,8 +150,11 @@ class VerlBackend:
         mini_batches = batch.minibatches()
         actor = self.view.actor_rollout_ref.actor
         micro = 1 if actor.use_dynamic_bsz else int(actor.ppo_micro_batch_size_per_gpu)
+        r3 = router_replay_mode(self.view) == "R3"
         protos = [
-            rows_to_batch(mb, workers.pad_token_id, workers.dp_size, micro)[0] for mb in mini_batches if mb
+            rows_to_batch(mb, workers.pad_token_id, workers.dp_size, micro, require_routed_experts=r3)[0]
+            for mb in mini_batches
+            if mb
         ]
         recompute = self.ours.old_log_prob_source == "recompute"
         diffs: list[float] = []

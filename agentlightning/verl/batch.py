@@ -16,12 +16,22 @@ verl hands each data-parallel rank a contiguous, equal slice of the batch. `rank
 spreads the rows over the ranks by tokens (longest first onto the least-loaded rank) and fills
 every rank to the same count with padding rows: a copy of a real row's tokens with mask,
 weights and advantages 0, so it adds nothing to the loss or its gradient.
+
+MoE routing replay (R3): with the rows' recorded routes (`TrainingRow.routed_experts`), the
+batch carries `routed_experts` [batch, prompt + response length, layers, top-k] int16, aligned
+with `input_ids` token by token (zeros on padding): the key, dtype and layout verl 0.9.1's own
+agent loop builds for its router replay (verl/experimental/agent_loop/agent_loop.py,
+`_agent_loop_postprocess`: int16, the routes from the prompt's first real token on).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,6 +40,72 @@ from verl import DataProto
 from agentlightning.trainer.rows import TrainingRow
 
 PADDING_ROLLOUT_ID = ""  # rollout_id of a padding row in the batch's non-tensor `rollout_id`
+ROUTES_DTYPE = torch.int16  # as verl's agent loop (expert indices beyond uint8's 255 exist)
+R3_HINT = (
+    "record them: set the Gateway's default_proxy.include_routed_experts=true (and serve the "
+    "policy with vLLM's enable_return_routed_experts), and keep trace_aggregator.level=trajectory "
+    "(a call's routes are kept only for the last call of its trajectory)"
+)
+
+
+class MissingRoutes(ValueError):
+    """A row has no MoE routes, or routes that cannot be used, while verl's router replay needs them."""
+
+
+def decode_routes(value: Any, rollout_id: str) -> np.ndarray:
+    """A recorded `routed_experts` as an array [tokens, layers, top-k]: vLLM's base64 of a .npy
+    array (what v1.0 decodes), or nested lists."""
+    try:
+        if isinstance(value, str):
+            routes = np.load(io.BytesIO(base64.b64decode(value, validate=True)), allow_pickle=False)
+        else:
+            routes = np.asarray(value)
+    except (ValueError, binascii.Error, OSError) as exc:
+        raise MissingRoutes(f"routed_experts of rollout {rollout_id!r} cannot be read: {exc}") from None
+    if routes.ndim != 3 or not np.issubdtype(routes.dtype, np.integer):
+        raise MissingRoutes(
+            f"routed_experts of rollout {rollout_id!r} must be integers [tokens, layers, top-k], "
+            f"got {routes.dtype} of shape {routes.shape}"
+        )
+    return routes
+
+
+def _routes_tensor(
+    rows: Sequence[TrainingRow], source: list[int | None], filler: int, p_len: int, r_len: int, required: bool
+) -> torch.Tensor | None:
+    """`routed_experts` aligned with `input_ids`, or None when not every row has routes and
+    replay is not required (then verl gets no routes at all, as v1.0 does)."""
+    missing = [r.rollout_id for r in rows if r.routed_experts is None]
+    if missing:
+        if required:
+            raise MissingRoutes(
+                f"verl's router replay is R3 but the row of rollout {missing[0]!r} has no MoE routes "
+                f"({len(missing)} of {len(rows)} rows lack them): {R3_HINT}"
+            )
+        return None
+    decoded = [decode_routes(r.routed_experts, r.rollout_id) for r in rows]
+    shape = decoded[0].shape[1:]
+    out = torch.zeros((len(source), p_len + r_len, *shape), dtype=ROUTES_DTYPE)
+    for i, (row, routes) in enumerate(zip(rows, decoded, strict=True)):
+        if routes.shape[1:] != shape:
+            raise MissingRoutes(
+                f"routed_experts of rollout {row.rollout_id!r} has [layers, top-k] {routes.shape[1:]}, "
+                f"rollout {rows[0].rollout_id!r} has {shape}: one batch, one model"
+            )
+        pl, rl = len(row.prompt_ids), len(row.response_ids)
+        # The last token may lack routes: it was sampled, never fed through the model (as v1.0).
+        if len(routes) < pl + rl - 1:
+            raise MissingRoutes(
+                f"routed_experts of rollout {row.rollout_id!r} cover {len(routes)} tokens, shorter "
+                f"than its row's {pl + rl} (prompt {pl} + response {rl}): routes of another call?"
+            )
+        decoded[i] = routes[: pl + rl]
+    for k, i in enumerate(source):
+        j = filler if i is None else i  # a padding row repeats the filler's tokens: its routes too
+        routes = decoded[j]
+        start = p_len - len(rows[j].prompt_ids)  # prompt left-padded, response right after it
+        out[k, start : start + len(routes)] = torch.from_numpy(routes.astype(np.int16))
+    return out
 
 
 def _length(row: TrainingRow) -> int:
@@ -73,12 +149,18 @@ class BatchLayout:
 
 
 def rows_to_batch(
-    rows: Sequence[TrainingRow], pad_token_id: int, dp_size: int = 1, multiple_of: int = 1
+    rows: Sequence[TrainingRow],
+    pad_token_id: int,
+    dp_size: int = 1,
+    multiple_of: int = 1,
+    require_routed_experts: bool = False,
 ) -> tuple[DataProto, BatchLayout]:
     """One mini-batch of rows (loss weights set) as a verl `DataProto`, in rank order.
 
     `old_log_probs` holds the rows' rollout log-probs when every row has them, else zeros
     (`meta_info["has_rollout_log_probs"]` says which: the backend then recomputes them).
+    `routed_experts` is there when every row has routes; `require_routed_experts` (verl's
+    router replay in R3 mode) makes a row without them an error (`MissingRoutes`).
     """
     if not rows:
         raise ValueError("rows_to_batch needs at least one row")
@@ -137,6 +219,9 @@ def rows_to_batch(
     }
     if have_lp:
         tensors["rollout_log_probs"] = old_log_probs.clone()
+    routes = _routes_tensor(rows, source, filler, p_len, r_len, require_routed_experts)
+    if routes is not None:
+        tensors["routed_experts"] = routes
     batch = DataProto.from_dict(
         tensors=tensors,
         non_tensors={

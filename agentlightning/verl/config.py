@@ -188,3 +188,14 @@ def validate(cfg: DictConfig) -> tuple[CoreConfig, VerlBackendConfig, DictConfig
     except Exception as exc:  # hydra's InstantiationException wraps verl's dataclass checks
         raise ConfigError(f"verl rejects the config: {str(exc).splitlines()[0]}") from None
     return core, ours, view
+
+
+def router_replay_mode(view: DictConfig) -> str:
+    """verl's router replay mode for the actor: `disabled`, `R2` or `R3` (R3 replays the routes
+    recorded at rollout, which the batch then must carry). Read as verl 0.9.1 reads it
+    (verl/workers/engine_workers.py): from the megatron or veomni engine config, per strategy."""
+    actor = view.actor_rollout_ref.actor
+    strategy = OmegaConf.select(actor, "strategy", default=None)
+    if strategy not in ("megatron", "veomni"):
+        return "disabled"
+    return str(OmegaConf.select(actor, f"{strategy}.router_replay.mode", default="disabled"))

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import io
 import itertools
 import re
 import socket
@@ -108,6 +110,34 @@ def chat_prompt_ids(messages: list[dict[str, Any]]) -> list[int]:
         ids += render_message(message)
     ids.append(ROLE_TOKENS["assistant"])
     return ids
+
+
+# MoE routes (R3), as vLLM returns them with `return_routed_experts: true` (non-streamed): per
+# choice, base64 of a .npy array [tokens - 1, layers, top-k] (the last generated token is never
+# fed through the model), which Agent Lightning v1.0 decodes the same way. A token's experts
+# depend on its id and position only, so that a follow-up call's routes begin with an earlier
+# call's, as a real model's would.
+ROUTE_LAYERS = 2
+ROUTE_TOPK = 2
+ROUTE_EXPERTS = 64
+
+
+def routes_for(ids: list[int]) -> list[list[list[int]]]:
+    return [
+        [
+            [(t * 31 + pos + 7 * layer + 3 * k) % ROUTE_EXPERTS for k in range(ROUTE_TOPK)]
+            for layer in range(ROUTE_LAYERS)
+        ]
+        for pos, t in enumerate(ids)
+    ]
+
+
+def encode_routes(routes: list[list[list[int]]]) -> str:
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.save(buffer, np.asarray(routes, dtype=np.uint8).reshape(len(routes), ROUTE_LAYERS, ROUTE_TOPK))
+    return base64.b64encode(buffer.getvalue()).decode()
 
 
 # --- scripted replies --------------------------------------------------------------------------
@@ -196,6 +226,9 @@ class FakeState:
         self.delay = delay
         self.default_content = default_content
         self.served_model_name = served_model_name
+        # Routes on every non-streamed answer, asked or not: vLLM 0.32 serving with
+        # `enable_return_routed_experts` (its OpenAI API has no per-request switch).
+        self.routes_always = False
         self._lock = threading.Lock()
         self._script: list[Reply] = []
         self.requests: deque[dict[str, Any]] = deque(maxlen=10000)
@@ -311,12 +344,14 @@ def _tool_call_json(call: ToolCall, call_id: str) -> dict[str, Any]:
 class _Call:
     """One parsed request: what to generate and how to shape the answer."""
 
-    def __init__(self, api: str, body: dict[str, Any]) -> None:
+    def __init__(self, api: str, body: dict[str, Any], routes_always: bool = False) -> None:
         self.api = api
         self.body = body
         self.model = body.get("model")
         self.stream = bool(body.get("stream"))
         self.token_ids = bool(body.get("return_token_ids"))
+        asked = routes_always or body.get("return_routed_experts") is True
+        self.routed_experts = asked and not self.stream  # vLLM 0.32 returns none in streams
         self.n = int(body.get("n") or 1)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         self.max_tokens = int(max_tokens) if max_tokens is not None else None
@@ -392,6 +427,8 @@ class _Call:
         choice["finish_reason"] = answer.finish_reason
         choice["stop_reason"] = None
         choice["token_ids"] = ids if self.token_ids else None
+        if self.routed_experts:
+            choice["routed_experts"] = encode_routes(routes_for(self.prompt_ids + ids)[:-1])
         return choice
 
     def _completion_logprobs(self, tokens: list[_Token], start: int) -> dict[str, Any]:
@@ -496,7 +533,7 @@ def build_app(state: FakeState) -> web.Application:
         if not isinstance(body, dict):
             return _error(400, "request body must be a JSON object")
         try:
-            call = _Call(api, body)
+            call = _Call(api, body, state.routes_always)
         except (ValueError, TypeError) as exc:
             return _error(400, str(exc))
         reply = state.take(call.key_text)

@@ -275,3 +275,23 @@ def test_transition_rows_are_the_calls(script):
     assert all(r.response_mask == [1] * len(r.response_ids) for r in rows)
     assert [r.rollout_log_probs for r in rows] == [d["response_log_probs"] for d in usable]
     assert stats.n_rows == len(usable)
+
+
+# --- MoE routes (R3) --------------------------------------------------------------------------
+
+
+def test_a_row_carries_its_last_calls_routes_and_a_mismatch_starts_over():
+    events = [
+        call_event([1, 2, 3], [10, 11], None, 0, routed_experts="first"),
+        call_event([1, 2, 3, 10, 11, 20], [12], None, 1, routed_experts="second"),  # extends: merged
+        call_event([7, 8], [9], None, 1),  # another conversation, no routes recorded
+        call_event([7, 8, 9, 5], [6], None, 1, routed_experts="fourth"),
+    ]
+    rows, _ = _aggregate(events)
+    assert [(r.n_calls, r.routed_experts) for r in rows] == [(2, "second"), (2, "fourth")]
+    rows, _ = _aggregate(events, level=TRANS)
+    assert [r.routed_experts for r in rows] == ["first", "second", None, "fourth"]
+    # A merged call without routes leaves the row without: routes must cover the whole row.
+    events[3]["data"].pop("routed_experts")
+    rows, _ = _aggregate(events)
+    assert [r.routed_experts for r in rows] == ["second", None]

@@ -8,13 +8,18 @@ from .conftest import SKIP_REASON
 
 pytest.importorskip("verl", reason=SKIP_REASON)
 
+import base64
+import io
+import random
+
+import numpy as np
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from verl.workers.utils.padding import left_right_2_no_padding
 
 from agentlightning.trainer.rows import TrainingRow
-from agentlightning.verl.batch import PADDING_ROLLOUT_ID, rank_layout, rows_to_batch
+from agentlightning.verl.batch import PADDING_ROLLOUT_ID, MissingRoutes, rank_layout, rows_to_batch
 
 from .rows import make_rows, one_minibatch
 
@@ -137,3 +142,122 @@ def test_bad_rows_fail_clearly() -> None:
         rows_to_batch(rows, PAD)
     with pytest.raises(ValueError, match="dp_size"):
         rank_layout(rows, 0)
+
+
+# --- MoE routing replay (R3) ---------------------------------------------------------------------
+
+LAYERS, TOPK = 3, 2
+
+
+def route_of(token: int, pos: int) -> list[list[int]]:
+    """A token's experts: the first is the token id itself, so alignment shows token by token;
+    others exceed uint8 (verl's int16 must hold them)."""
+    return [
+        [token if (layer, k) == (0, 0) else 300 + pos * 5 + layer * 2 + k for k in range(TOPK)]
+        for layer in range(LAYERS)
+    ]
+
+
+def add_routes(rows: list[TrainingRow], seed: int) -> list[bool]:
+    """Routes as vLLM records them: base64 .npy (some rows) or lists; some lack the last token's.
+    Returns, per row, whether its last token's routes are missing."""
+    rng = random.Random(seed)
+    trimmed = []
+    for row in rows:
+        ids = row.prompt_ids + row.response_ids
+        routes = [route_of(t, pos) for pos, t in enumerate(ids)]
+        cut = rng.random() < 0.5
+        if cut:
+            routes = routes[:-1]
+        trimmed.append(cut)
+        if rng.random() < 0.5:
+            buffer = io.BytesIO()
+            np.save(buffer, np.asarray(routes, dtype=np.int32).reshape(len(routes), LAYERS, TOPK))
+            row.routed_experts = base64.b64encode(buffer.getvalue()).decode()
+        else:
+            row.routed_experts = routes
+    return trimmed
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    n_groups=st.integers(1, 4),
+    group_size=st.integers(1, 4),
+    dp_size=st.integers(1, 4),
+    micro=st.integers(1, 3),
+)
+def test_routes_line_up_with_input_ids_token_by_token(
+    seed: int, n_groups: int, group_size: int, dp_size: int, micro: int
+) -> None:
+    rows = one_minibatch(make_rows(seed, n_groups, group_size, max_rows_per_rollout=3))
+    trimmed = add_routes(rows, seed)
+    batch, layout = rows_to_batch(rows, PAD, dp_size, micro, require_routed_experts=True)
+    t = batch.batch
+    routes = t["routed_experts"]
+    n, seq = t["input_ids"].shape
+    assert routes.dtype == torch.int16 and routes.shape == (n, seq, LAYERS, TOPK)
+    attn = t["attention_mask"].bool()
+    # Off the real tokens (padding on either side): zeros.
+    assert (routes[~attn] == 0).all()
+    source: list[int] = []  # the row whose routes each batch position carries
+    for k, i in enumerate(layout.source):
+        tokens = t["input_ids"][k][attn[k]].tolist()
+        real = routes[k][attn[k]].tolist()
+
+        def expected(j: int, tokens: list[int] = tokens) -> list[list[list[int]]]:
+            out = [route_of(tok, pos) for pos, tok in enumerate(tokens)]
+            if trimmed[j]:  # the last token's routes were never recorded: zeros there
+                out[-1] = [[0] * TOPK for _ in range(LAYERS)]
+            return out
+
+        # A padding row repeats a real row's tokens, and so its routes.
+        candidates = (
+            [i]
+            if i is not None
+            else [j for j, r in enumerate(rows) if r.prompt_ids + r.response_ids == tokens]
+        )
+        matching = [j for j in candidates if real == expected(j)]
+        assert matching, f"position {k}: routes do not line up with its tokens"
+        source.append(matching[0])
+    # verl's own unpadding keeps each row's routes with its tokens.
+    td = left_right_2_no_padding(batch.to_tensordict())
+    for k in range(n):
+        ids = td["input_ids"][k]
+        first_expert = td["routed_experts"][k][:, 0, 0]
+        if trimmed[source[k]]:
+            assert first_expert[-1].item() == 0
+            ids, first_expert = ids[:-1], first_expert[:-1]
+        assert first_expert.tolist() == ids.tolist()
+
+
+def test_routes_are_left_out_unless_every_row_has_them_and_required_fails_clearly() -> None:
+    rows = one_minibatch(make_rows(11))
+    add_routes(rows, 11)
+    rows[2].routed_experts = None
+    batch, _ = rows_to_batch(rows, PAD)
+    assert "routed_experts" not in batch.batch.keys()
+    with pytest.raises(MissingRoutes, match=rf"rollout '{rows[2].rollout_id}'.*include_routed_experts=true"):
+        rows_to_batch(rows, PAD, require_routed_experts=True)
+    for row in rows:
+        row.routed_experts = None
+    assert "routed_experts" not in rows_to_batch(rows, PAD)[0].batch.keys()
+
+
+def test_bad_routes_fail_clearly() -> None:
+    rows = one_minibatch(make_rows(12))
+    add_routes(rows, 12)
+    row = rows[0]
+    full = [route_of(tok, pos) for pos, tok in enumerate(row.prompt_ids + row.response_ids)]
+    row.routed_experts = full[:-2]  # two tokens short: routes of another call
+    with pytest.raises(MissingRoutes, match=rf"rollout '{row.rollout_id}'.*shorter than its row"):
+        rows_to_batch(rows, PAD)
+    row.routed_experts = "not base64 of an array!"
+    with pytest.raises(MissingRoutes, match="cannot be read"):
+        rows_to_batch(rows, PAD)
+    row.routed_experts = [[1, 2]] * len(full)  # no top-k axis
+    with pytest.raises(MissingRoutes, match=r"\[tokens, layers, top-k\]"):
+        rows_to_batch(rows, PAD)
+    row.routed_experts = [[[1]]] * len(full)  # another model's shape
+    with pytest.raises(MissingRoutes, match="one batch, one model"):
+        rows_to_batch(rows, PAD)

@@ -13,7 +13,7 @@ pytest.importorskip("verl", reason=SKIP_REASON)
 from omegaconf import OmegaConf
 
 from agentlightning.trainer.config import ConfigError, core_config_keys
-from agentlightning.verl.config import compose_config, validate, verl_view
+from agentlightning.verl.config import compose_config, router_replay_mode, validate, verl_view
 from agentlightning.verl.version import SUPPORTED_VERL_VERSION, VerlVersionError, check_verl_version
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,3 +99,17 @@ def test_verl_view_is_a_copy(base: object) -> None:
     view = verl_view(base)  # type: ignore[arg-type]
     view.actor_rollout_ref.actor.ppo_epochs = 7
     assert base.actor_rollout_ref.actor.ppo_epochs != 7  # type: ignore[attr-defined]
+
+
+def test_router_replay_mode_is_read_where_verl_reads_it(base: object) -> None:
+    view = verl_view(base)  # type: ignore[arg-type]
+    assert router_replay_mode(view) == "disabled"  # fsdp: verl has no router replay there
+    for strategy in ("megatron", "veomni"):
+        cfg = compose_config(
+            overrides=[
+                MODEL,
+                f"actor_rollout_ref.actor.strategy={strategy}",
+                f"actor_rollout_ref.actor.{strategy}.router_replay.mode=R3",
+            ]
+        )
+        assert router_replay_mode(verl_view(cfg)) == "R3"

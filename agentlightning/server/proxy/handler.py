@@ -16,10 +16,12 @@ from starlette.responses import Response
 
 from agentlightning.log import get_logger
 from agentlightning.server.proxy.capture import CallRecord
+from agentlightning.server.proxy.experts import pop_routed_experts
 from agentlightning.server.proxy.responses import Answer, StreamAnswer, error_answer, paused_answer
 from agentlightning.server.proxy.rewrite import Api, pick_endpoint, rewrite, wants_usage_chunk
 from agentlightning.server.state import GatewayState
 from agentlightning.server.store import RolloutNotFound
+from agentlightning.server.triplet import model_request_triplet
 
 log = get_logger("proxy")
 MODES = ("train", "val")
@@ -107,6 +109,7 @@ async def _call(
         stream,
     )
     upstream_s = time.perf_counter() - started
+    routes = None
     if forwarded.stream is not None:
         return StreamAnswer(
             forwarded, record, state.store, started, wants_usage_chunk(body), done, rollout_gone
@@ -141,6 +144,13 @@ async def _call(
                 response = orjson.loads(forwarded.body)
             except orjson.JSONDecodeError:
                 error = f"the inference server answered {status} with a body that is not JSON"
+            if config.include_routed_experts and isinstance(response, dict):
+                # vLLM (0.32: `enable_return_routed_experts` server-side) returns routes on every
+                # answer: never the agent's to see (as v1.0); kept for train-mode calls only.
+                routes = pop_routed_experts(response)
+                answer = Answer(orjson.dumps(response), status, forwarded.content_type)
+                if mode != "train":
+                    routes = None
         else:
             error = (
                 f"the inference server answered {status}: {forwarded.body[:1000].decode(errors='replace')}"
@@ -154,9 +164,31 @@ async def _call(
             error=error,
         )
     try:
-        await record.save(state.store)
+        if routes is None:
+            await record.save(state.store)
+        else:
+            await _save_with_routes(state, record, routes)
     except RolloutNotFound as exc:
         rollout_gone()
         return error_answer(404, str(exc), "not_found")
     answer.done = done
     return answer
+
+
+async def _save_with_routes(state: GatewayState, record: CallRecord, routes: object) -> None:
+    """Record the call, then its routes apart (proxy/experts.py), dropping those it supersedes."""
+    encoded = orjson.dumps(routes)  # parsed from JSON just before: it encodes
+    del record.data["routed_experts"]  # reads splice the stored routes in (events.render_events)
+    sequence = await record.save(state.store)
+    if record.data.get("status") == "error":
+        return
+    triplet = model_request_triplet(record.data)
+    await state.proxy.routes.load(state.store, record.rollout_id, record.attempt_id)
+    drop = state.proxy.routes.supersede(
+        record.rollout_id,
+        record.attempt_id,
+        sequence,
+        triplet["prompt_token_ids"],
+        triplet["response_token_ids"],
+    )
+    await state.store.put_routes(record.rollout_id, sequence, encoded, drop)

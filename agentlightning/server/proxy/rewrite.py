@@ -31,6 +31,10 @@ def rewrite(body: dict[str, Any], api: Api, mode: str, config: DefaultProxyConfi
             asked = body.get("logprobs")
             if not isinstance(asked, int) or isinstance(asked, bool) or asked < 0:
                 params["logprobs"] = 1
+    if mode == "train" and config.include_routed_experts and body.get("stream") is not True:
+        # vLLM's MoE routes for R3 (proxy/experts.py). Not for streams: as v1.0, whose proxy
+        # refuses streamed calls altogether, streamed calls record no routes.
+        params["return_routed_experts"] = True
     if body.get("stream") is True:
         options = body.get("stream_options")
         params["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}

@@ -6,6 +6,7 @@ from collections import OrderedDict
 
 from agentlightning.schemas import ProxyState
 from agentlightning.server.config import ProxyConfig
+from agentlightning.server.proxy.experts import RouteIndex
 from agentlightning.server.proxy.upstream import UpstreamClient
 
 KNOWN_ROLLOUTS = 65536
@@ -26,6 +27,7 @@ class ProxyRuntime:
         # its next call is refused before it reaches the model.
         self._known: OrderedDict[str, None] = OrderedDict()
         self.forgotten = 0  # deletions so far: `remember` after a store read checks none came between
+        self.routes = RouteIndex()  # calls still holding MoE routes (include_routed_experts)
 
     async def open(self) -> None:
         await self.upstream.open()

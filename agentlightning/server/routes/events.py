@@ -28,6 +28,11 @@ from agentlightning.server.store.delta import View
 router = APIRouter(prefix="/api/rollouts", tags=["events"])
 State = Annotated[GatewayState, Depends(state_dependency)]
 PathId = Annotated[str, Path(pattern=ID_PATTERN)]
+ROUTES_HELP = (
+    "v1.0's parameter: with default_proxy.include_routed_experts, model calls carry the MoE "
+    "routes vLLM used (`routed_experts`, only the last call of each trajectory keeps them); "
+    "false leaves them out"
+)
 
 
 # The body is parsed by pydantic-core straight from bytes: several times faster than FastAPI's
@@ -79,13 +84,22 @@ async def get_events(
         str, Query(description="triplet: the training view; anything else: raw (as v1.0)")
     ] = "raw",
     attempt_id: Annotated[str | None, Query(description="an attempt other than the last one")] = None,
+    include_routed_experts: Annotated[bool, Query(description=ROUTES_HELP)] = True,
 ) -> Response:
     rollout = await state.store.get_rollout(rollout_id)
     if rollout is None:
         raise RolloutNotFound(rollout_id)
     view = "triplet" if format == "triplet" else "data"
     events = await _attempt_events(state, rollout, attempt_id, event_type, view)
-    return Response(render_events(events, view), media_type="application/json")
+    routes = await _routes(state, rollout_id, include_routed_experts)
+    return Response(render_events(events, view, routes), media_type="application/json")
+
+
+async def _routes(state: GatewayState, rollout_id: str, include: bool) -> dict[int, bytes] | None:
+    """The rollout's stored MoE routes when asked for and recorded at all (a read spared otherwise)."""
+    if not include or not state.config.default_proxy.include_routed_experts:
+        return None
+    return await state.store.get_routes(rollout_id)
 
 
 async def _attempt_events(
@@ -123,6 +137,7 @@ async def batch_events(body: BatchEventsQuery, state: State) -> Response:
             parts.append(orjson.dumps({"rollout_id": rollout_id, "found": False, "events": []}))
             continue
         events = await _attempt_events(state, rollout, None, body.event_type, view)
+        routes = await _routes(state, rollout_id, body.include_routed_experts)
         head = orjson.dumps(
             {
                 "rollout_id": rollout_id,
@@ -131,5 +146,5 @@ async def batch_events(body: BatchEventsQuery, state: State) -> Response:
                 "error_message": rollout.status.error_message,
             }
         )
-        parts.append(head[:-1] + b',"events":' + render_events(events, view) + b"}")
+        parts.append(head[:-1] + b',"events":' + render_events(events, view, routes) + b"}")
     return Response(b"[" + b",".join(parts) + b"]", media_type="application/json")

@@ -167,6 +167,16 @@ class Store(abc.ABC):
         `view="triplet_delta"` those de-duplicated, with prompts as references (delta.materialize).
         """
 
+    # MoE routes (R3): a call's `routed_experts`, kept apart from its event so that a later
+    # call of the same trajectory can drop them (only the last call's routes are trained on).
+    @abc.abstractmethod
+    async def put_routes(self, rollout_id: str, sequence: int, routes: bytes, drop: list[int]) -> None:
+        """Durably store the routes (JSON) of event `sequence` and delete those of `drop`."""
+
+    @abc.abstractmethod
+    async def get_routes(self, rollout_id: str) -> dict[int, bytes]:
+        """The stored routes of a rollout's events, by event sequence."""
+
     @abc.abstractmethod
     async def list_attempts(self, rollout_id: str) -> list[AttemptStats]:
         """The rollout's attempts that have events, sorted by their first event."""

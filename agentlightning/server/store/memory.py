@@ -60,6 +60,7 @@ class MemoryStore(Store):
         self._terminal_seq_of: dict[str, int] = {}
         self._models: dict[tuple[str, str], Model] = {}
         self._calls = CallIndex()
+        self._routes: dict[str, dict[int, bytes]] = {}  # rollout -> event sequence -> routes JSON
         self._freed_bytes = 0  # payload bytes deleted since the last malloc_trim
         self._trimming: asyncio.Future[int] | None = None
         self.trims = 0
@@ -113,6 +114,7 @@ class MemoryStore(Store):
         if self._rollouts.pop(rollout_id, None) is None:
             return False
         events = self._events.pop(rollout_id, None) or ()
+        self._routes.pop(rollout_id, None)
         self._freed_bytes += sum(len(e.record.data) + len(e.record.triplet or b"") for e in events)
         if self._freed_bytes >= TRIM_AFTER_BYTES:
             self._give_back_memory()
@@ -187,6 +189,17 @@ class MemoryStore(Store):
             and (view == "data" or e.record.triplet is not None)
         ]
         return materialize(events, view)
+
+    async def put_routes(self, rollout_id: str, sequence: int, routes: bytes, drop: list[int]) -> None:
+        if rollout_id not in self._events:
+            raise RolloutNotFound(rollout_id)
+        held = self._routes.setdefault(rollout_id, {})
+        for seq in drop:
+            held.pop(seq, None)
+        held[sequence] = routes
+
+    async def get_routes(self, rollout_id: str) -> dict[int, bytes]:
+        return dict(self._routes.get(rollout_id, {}))
 
     async def list_attempts(self, rollout_id: str) -> list[AttemptStats]:
         stats: dict[str, AttemptStats] = {}

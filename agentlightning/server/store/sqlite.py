@@ -76,6 +76,12 @@ CREATE TABLE IF NOT EXISTS events (
     call BLOB                                -- a model call stored as a delta (store/delta.py)
 );
 CREATE INDEX IF NOT EXISTS events_by_rollout ON events(rollout_id, attempt_id, seq);
+CREATE TABLE IF NOT EXISTS routes (         -- MoE routes (R3) of a model call, dropped once superseded
+    seq INTEGER PRIMARY KEY,                 -- the call's event
+    rollout_id TEXT NOT NULL REFERENCES rollouts(rollout_id) ON DELETE CASCADE,
+    body BLOB NOT NULL                       -- the routed_experts as JSON
+);
+CREATE INDEX IF NOT EXISTS routes_by_rollout ON routes(rollout_id);
 CREATE TABLE IF NOT EXISTS models (
     model TEXT NOT NULL,
     endpoint TEXT NOT NULL,
@@ -628,6 +634,28 @@ class SqliteStore(Store):
                 for r in rows
             ]
             return materialize(events, view)
+
+        return await self._read(op)
+
+    async def put_routes(self, rollout_id: str, sequence: int, routes: bytes, drop: list[int]) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            if drop:
+                marks = ",".join("?" * len(drop))
+                conn.execute(f"DELETE FROM routes WHERE seq IN ({marks})", drop)
+            try:
+                conn.execute(
+                    "INSERT OR REPLACE INTO routes(seq, rollout_id, body) VALUES (?,?,?)",
+                    (sequence, rollout_id, routes),
+                )
+            except sqlite3.IntegrityError:
+                raise RolloutNotFound(rollout_id) from None
+
+        await self._write(op, savepoint=True)
+
+    async def get_routes(self, rollout_id: str) -> dict[int, bytes]:
+        def op(c: sqlite3.Connection) -> dict[int, bytes]:
+            rows = c.execute("SELECT seq, body FROM routes WHERE rollout_id=?", (rollout_id,)).fetchall()
+            return {seq: bytes(body) for seq, body in rows}
 
         return await self._read(op)
 
