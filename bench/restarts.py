@@ -17,7 +17,9 @@ as its own process against a Gateway and a Controller: first a reference run, un
 then the same config in a fresh folder, where trainer #1 is SIGKILLed while the rollouts of
 step `--kill-in-rollouts` run (seen in the Gateway's rollout list), trainer #2 resumes on the
 same checkpoint folder and SIGKILLs itself in the policy update of step `--kill-in-update`
-(bench/restarts_trainer.py), and trainer #3 resumes and finishes. It reports each resume's
+(bench/restarts_trainer.py), trainer #3 resumes and SIGKILLs itself while saving the checkpoint
+of step `--kill-in-save` (after the weights, before the loop state), and trainer #4 resumes and
+finishes. It reports each resume's
 step against the newest complete checkpoint, each step's data (the prompts of its rollouts, read
 from the Gateway: the trainers keep their rollouts) beside the reference run's, the final step,
 model version and data position, what became of the rollouts the killed trainers had made, and
@@ -25,7 +27,7 @@ rollouts succeeded / failed / lost.
 
 Usage: python bench/restarts.py [--phase all|services|trainer] [--rollouts 300] [--concurrency 16]
            [--gateway-kills 2] [--train-steps 6] [--train-batch 4] [--train-group 4]
-           [--kill-in-rollouts 2] [--kill-in-update 4]
+           [--kill-in-rollouts 2] [--kill-in-update 4] [--kill-in-save 5]
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
 REPO = Path(__file__).resolve().parent.parent
 KEY = "restart-key"
 AGENT = "bench.restarts_agent:RestartProofAgent"
-KILL_IN_UPDATE = "AGL_BENCH_KILL_IN_UPDATE"  # read by bench/restarts_trainer.py
+# Read by bench/restarts_trainer.py: the step in whose update / checkpoint save it kills itself.
+KILL_IN_UPDATE, KILL_IN_SAVE = "AGL_BENCH_KILL_IN_UPDATE", "AGL_BENCH_KILL_IN_SAVE"
 
 
 def gateway(port: int, db: Path, logs: Path, n: int | str) -> ManagedProcess:
@@ -211,12 +214,11 @@ def trainer_config(out: Path, url: str, train: Path, args: argparse.Namespace) -
     return path
 
 
-def trainer(config: Path, logs: Path, name: str, kill_in_update: int | None = None) -> ManagedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    if kill_in_update is not None:
-        env[KILL_IN_UPDATE] = str(kill_in_update)
+def trainer(config: Path, logs: Path, name: str, env: dict[str, str] | None = None) -> ManagedProcess:
+    """`agl-train` as bench/restarts_trainer.py runs it; `env` may ask it to kill itself."""
+    full = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     argv = [sys.executable, "-m", "bench.restarts_trainer", "--config", str(config)]
-    return ManagedProcess(name, argv, logs / f"{name}.log", env=env, cwd=REPO).start()
+    return ManagedProcess(name, argv, logs / f"{name}.log", env={**full, **(env or {})}, cwd=REPO).start()
 
 
 def wait_exit(proc: ManagedProcess, timeout: float) -> int:
@@ -285,10 +287,17 @@ def says(counts: Counter[str]) -> str:
 
 
 def trainer_phase(args: argparse.Namespace, logs: Path) -> None:
-    """The real trainer SIGKILLed mid-step twice and resumed, beside an uninterrupted reference run."""
-    steps, k_rollouts, k_update = args.train_steps, args.kill_in_rollouts, args.kill_in_update
-    if not 1 <= k_rollouts < k_update <= steps:
-        raise SystemExit("need 1 <= --kill-in-rollouts < --kill-in-update <= --train-steps")
+    """The real trainer SIGKILLed mid-step and resumed, beside an uninterrupted reference run."""
+    steps, k_rollouts, k_update, k_save = (
+        args.train_steps,
+        args.kill_in_rollouts,
+        args.kill_in_update,
+        args.kill_in_save,
+    )
+    if not 1 <= k_rollouts < k_update <= steps or (k_save and not k_update < k_save <= steps):
+        raise SystemExit(
+            "need 1 <= --kill-in-rollouts < --kill-in-update < --kill-in-save (0: none) <= --train-steps"
+        )
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     train = logs / "train.jsonl"
@@ -342,38 +351,43 @@ def trainer_phase(args: argparse.Namespace, logs: Path) -> None:
             first.kill()
             kill_step = max(r.metadata.batch_idx for r in mine)
             newest = [max(list_checkpoints(checkpoints), default=0)]
-            run1 = new_run(client, known)
-            orphans_at_kill = states_of(train_rollouts(client), run1, kill_step)
+            runs = [new_run(client, known)]
             print(
-                f"  SIGKILL trainer #1 while step {kill_step}'s rollouts ran ({says(orphans_at_kill)}); "
-                f"newest complete checkpoint: step {newest[0]}, t={time.monotonic() - started:.0f}s",
+                f"  SIGKILL trainer #1 while step {kill_step}'s rollouts ran "
+                f"({says(states_of(train_rollouts(client), runs[0], kill_step))}); newest complete "
+                f"checkpoint: step {newest[0]}, t={time.monotonic() - started:.0f}s",
                 flush=True,
             )
-            # Trainer #2: resumes, SIGKILLs itself in step k_update's update.
-            second = trainer(config, logs, "trainer-2", kill_in_update=k_update)
-            procs.append(second)
-            code = wait_exit(second, args.deadline)
-            if code != -signal.SIGKILL:
-                raise SystemExit(f"trainer #2 exited with {code}, not SIGKILL:\n{second.log_tail()}")
-            newest.append(max(list_checkpoints(checkpoints), default=0))
-            run2 = new_run(client, known)
-            print(
-                f"  SIGKILL trainer #2 (by itself) in step {k_update}'s update, after the optimizer step; "
-                f"newest complete checkpoint: step {newest[1]}, t={time.monotonic() - started:.0f}s",
-                flush=True,
-            )
-            third = trainer(config, logs, "trainer-3")
-            procs.append(third)
-            code = wait_exit(third, args.deadline)
+            # Then trainers that resume on the same folder and kill themselves at a known point.
+            deaths = [(KILL_IN_UPDATE, k_update, "update, after the optimizer step")]
+            if k_save:
+                deaths.append(
+                    (KILL_IN_SAVE, k_save, "checkpoint save, after the weights, before the loop state")
+                )
+            for variable, step, where in deaths:
+                n = len(procs)
+                proc = trainer(config, logs, f"trainer-{n}", {variable: str(step)})
+                procs.append(proc)
+                code = wait_exit(proc, args.deadline)
+                if code != -signal.SIGKILL:
+                    raise SystemExit(f"trainer #{n} exited with {code}, not SIGKILL:\n{proc.log_tail()}")
+                newest.append(max(list_checkpoints(checkpoints), default=0))
+                runs.append(new_run(client, known))
+                partial = sorted(p.name for p in checkpoints.glob(".global_step_*"))
+                print(
+                    f"  SIGKILL trainer #{n} (by itself) in step {step}'s {where}; newest complete "
+                    f"checkpoint: step {newest[-1]}{f', left behind: {partial}' if partial else ''}, "
+                    f"t={time.monotonic() - started:.0f}s",
+                    flush=True,
+                )
+            n = len(procs)
+            last = trainer(config, logs, f"trainer-{n}")
+            procs.append(last)
+            code = wait_exit(last, args.deadline)
             if code != 0:
-                raise SystemExit(f"trainer #3 exited with {code}:\n{third.log_tail()}")
-            run3 = new_run(client, known)
-            resumed = [resumed_step(second), resumed_step(third)]
-            print(
-                f"  trainer #2 resumed at step {resumed[0]}, trainer #3 at step {resumed[1]}; finished in "
-                f"{time.monotonic() - started:.0f} s",
-                flush=True,
-            )
+                raise SystemExit(f"trainer #{n} exited with {code}:\n{last.log_tail()}")
+            runs.append(new_run(client, known))
+            resumed = [resumed_step(proc) for proc in procs[2:]]
 
             # What the killed trainers had made goes on without them: wait until it has ended.
             deadline = time.monotonic() + args.deadline
@@ -381,11 +395,16 @@ def trainer_phase(args: argparse.Namespace, logs: Path) -> None:
                 time.sleep(0.5)
             rollouts = train_rollouts(client)
             reference = data_by_step(rollouts, ref_run)
-            by_trainer = [data_by_step(rollouts, run) for run in (run1, run2, run3)]
+            by_trainer = [data_by_step(rollouts, run) for run in runs]
+            for n, (step, data) in enumerate(zip(resumed, by_trainer[1:], strict=True), 2):
+                print(
+                    f"  trainer #{n} resumed at step {step}; its first rollouts: step {min(data, default=0)}"
+                )
+            print(f"  finished in {time.monotonic() - started:.0f} s")
             print(f"\n  {'step':>4}  {'reference run':<40}  {'interrupted run (by trainer #)':<46}  same")
             same = 0
             for step in range(1, steps + 1):
-                made = [n for n in range(3) if step in by_trainer[n]]
+                made = [n for n in range(len(runs)) if step in by_trainer[n]]
                 used = made[-1] if made else None  # a redone step: the trainer that finished it
                 theirs = by_trainer[used][step] if used is not None else []
                 also = f" (also #{', #'.join(str(n + 1) for n in made[:-1])})" if len(made) > 1 else ""
@@ -395,26 +414,26 @@ def trainer_phase(args: argparse.Namespace, logs: Path) -> None:
                     f"  {step:>4}  {' '.join(reference.get(step, [])):<40}  "
                     f"{' '.join(theirs) + f'  #{(used or 0) + 1}' + also:<46}  {'yes' if ok else 'NO'}"
                 )
-            redo_1 = by_trainer[0].get(kill_step) == by_trainer[1].get(kill_step)
-            redo_2 = by_trainer[1].get(k_update) == by_trainer[2].get(k_update)
-            print(
-                f"\n  trainer #1's step-{kill_step} rollouts, made before its kill: {says(states_of(rollouts, run1, kill_step))}"
-                f" (no trainer collected them); trainer #2 made its own for step {kill_step}, "
-                f"{'the same' if redo_1 else 'OTHER'} problems"
-            )
-            print(
-                f"  trainer #2's step-{k_update} rollouts: {says(states_of(rollouts, run2, k_update))}, collected "
-                f"before its update died; trainer #3 redid step {k_update} with "
-                f"{'the same' if redo_2 else 'OTHER'} problems"
-            )
+            print()
+            cut = [kill_step, *(step for _, step, _ in deaths)]
+            for n, step in enumerate(cut):
+                theirs = states_of(rollouts, runs[n], step)
+                redo = "the same" if by_trainer[n].get(step) == by_trainer[n + 1].get(step) else "OTHER"
+                print(
+                    f"  trainer #{n + 1}'s step-{step} rollouts: {says(theirs)}"
+                    f"{' (made before its kill, collected by no trainer)' if n == 0 else ', collected before it died'}"
+                    f"; trainer #{n + 2} redid step {step} with {redo} problems"
+                )
             ref_final, final = final_state(ref_out), final_state(out)
-            for name, (step, version, position, optimized, logged) in (
-                ("reference", ref_final),
-                ("interrupted", final),
+            for name, folder, (step, version, position, optimized, logged) in (
+                ("reference", ref_out, ref_final),
+                ("interrupted", out, final),
             ):
+                partial = sorted(p.name for p in (folder / "checkpoints").glob(".global_step_*"))
                 print(
                     f"  {name:<11} run: final step {step}, model version {version}, data position "
-                    f"{position}, optimizer steps {optimized}, metrics.jsonl steps {logged}"
+                    f"{position}, optimizer steps {optimized}, metrics.jsonl steps {logged}, "
+                    f"partial checkpoints left {partial}"
                 )
             # Every run's every step made per_step rollouts; lost: made but not terminal, or gone.
             expected = sum(len(d) for d in (reference, *by_trainer)) * per_step
@@ -453,6 +472,9 @@ def main() -> None:
     parser.add_argument("--train-group", type=int, default=4, help="rollouts per problem")
     parser.add_argument("--kill-in-rollouts", type=int, default=2, help="SIGKILL trainer #1 in this step")
     parser.add_argument("--kill-in-update", type=int, default=4, help="trainer #2 dies in this step's update")
+    parser.add_argument(
+        "--kill-in-save", type=int, default=5, help="trainer #3 dies saving this step's checkpoint (0: no)"
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="agl-restarts-") as tmp_dir:
