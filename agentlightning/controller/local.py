@@ -363,6 +363,12 @@ class LocalRunner(Runner):
             code = files.read_exit_code()  # it may have ended just now
         if code is not None:
             return classify_exit(code, tail_lines(files.log, self.config.local_runner.error_tail_lines))
+        if record is None:
+            # The pid file is written as soon as the agent is spawned: without it, the controller
+            # stopped after claiming the rollout and before starting the agent.
+            return Outcome.not_started(
+                f"the controller stopped before the agent of attempt {attempt_id} was started"
+            )
         return None
 
     def forget(self, rollout_id: str, attempt_id: str) -> None:

@@ -292,7 +292,7 @@ class Reconciler:
                 active.decided = True
                 if (
                     outcome.retryable
-                    and active.number < self.config.max_attempts
+                    and (active.number < self.config.max_attempts or outcome.never_started)
                     and not self._stopping.is_set()
                     and active.report
                 ):

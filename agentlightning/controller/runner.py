@@ -27,11 +27,14 @@ def attempt_number(attempt_id: str | None) -> int:
 @dataclass(frozen=True)
 class Outcome:
     """How an attempt ended. `retryable` marks an infrastructure failure (retried as a new attempt
-    while attempts are left); an agent's own failure is never retried."""
+    while attempts are left); an agent's own failure is never retried. `never_started`: the agent
+    was never started (the controller stopped between claiming the rollout and starting it), a
+    loss of the controller's own: retried as a new attempt even when no attempts are left."""
 
     succeeded: bool
     message: str | None = None
     retryable: bool = False
+    never_started: bool = False
 
     @staticmethod
     def success() -> Outcome:
@@ -40,6 +43,10 @@ class Outcome:
     @staticmethod
     def failure(message: str, retryable: bool = False) -> Outcome:
         return Outcome(False, message, retryable)
+
+    @staticmethod
+    def not_started(message: str) -> Outcome:
+        return Outcome(False, message, retryable=True, never_started=True)
 
 
 class LaunchError(Exception):
@@ -104,8 +111,9 @@ class Runner(abc.ABC):
 
     @abc.abstractmethod
     async def recover(self, rollout: Rollout, attempt_id: str) -> Handle | Outcome | None:
-        """After a restart: the live attempt (adopt it), how it ended while nobody watched, or None
-        when nothing of it is left."""
+        """After a restart: the live attempt (adopt it), how it ended while nobody watched
+        (`Outcome.not_started` where its agent provably never started), or None when nothing of
+        it is left."""
 
     def forget(self, rollout_id: str, attempt_id: str) -> None:
         """The attempt has been reported; drop what is kept about it (files, bookkeeping)."""

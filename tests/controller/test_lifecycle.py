@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from agentlightning.client import GatewayClient
+from agentlightning.controller.runner import new_attempt_id
 from agentlightning.procs import ManagedProcess, free_port
 from agentlightning.schemas import RolloutState
 from tests.conftest import RunningGateway
@@ -166,6 +167,23 @@ def test_restart_with_the_agent_gone_fails_or_retries_as_a_new_attempt(
         rewards = client.get_events(rollout_id, event_type="reward")  # the trainer reads the last attempt
         assert [e.attempt_id for e in rewards] == [status.last_attempt_id]
         assert client.get_events(rollout_id, attempt_id=first_attempt) == []
+
+
+def test_restart_runs_a_claimed_rollout_whose_agent_never_started_as_a_new_attempt(
+    gw: RunningGateway, client: GatewayClient, tmp_path: Path, controllers: list[ManagedProcess]
+) -> None:
+    """A controller killed between claiming a rollout and starting its agent: the loss is the
+    controller's, so the next one runs the rollout as a new attempt even with max_attempts=1."""
+    rollout_id = create(client, f"{AGENTS}.RewardAgent")
+    claimed = new_attempt_id(1)
+    client.patch_rollout(rollout_id, state="running", last_attempt_id=claimed)  # the claim, no agent
+    controllers.append(start_controller(gw.url, KEY, tmp_path / "logs", "max_attempts=1"))
+    status = wait_terminal(client, [rollout_id])[rollout_id].status
+    assert status.state == "succeeded", status.error_message
+    assert status.last_attempt_id and status.last_attempt_id.startswith("attempt-2-")
+    assert [e.attempt_id for e in client.get_events(rollout_id, event_type="reward")] == [
+        status.last_attempt_id
+    ]
 
 
 def test_infrastructure_failure_is_retried_as_a_new_attempt_agent_failure_is_not(
