@@ -11,6 +11,7 @@ pytest.importorskip("verl", reason=SKIP_REASON)
 import base64
 import io
 import random
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -84,14 +85,20 @@ def check_batch(rows: list[TrainingRow], dp_size: int, multiple_of: int = 1) -> 
             assert seq == src.prompt_ids + src.response_ids
 
 
-@settings(max_examples=30, deadline=None)
-@given(
-    seed=st.integers(0, 10_000),
-    n_groups=st.integers(1, 4),
-    group_size=st.integers(1, 4),
-    dp_size=st.integers(1, 4),
-    micro=st.integers(1, 3),
-)
+def batch_shapes(test: Callable[..., None]) -> Callable[..., None]:
+    """Property test over rows of 1-4 groups x 1-4 rollouts x 1-3 rows each, 1-4 data-parallel
+    ranks and micro-batch multiples 1-3."""
+    shapes = given(
+        seed=st.integers(0, 10_000),
+        n_groups=st.integers(1, 4),
+        group_size=st.integers(1, 4),
+        dp_size=st.integers(1, 4),
+        micro=st.integers(1, 3),
+    )
+    return settings(max_examples=30, deadline=None)(shapes(test))
+
+
+@batch_shapes
 def test_rows_to_batch_properties(
     seed: int, n_groups: int, group_size: int, dp_size: int, micro: int
 ) -> None:
@@ -179,14 +186,7 @@ def add_routes(rows: list[TrainingRow], seed: int) -> list[bool]:
     return trimmed
 
 
-@settings(max_examples=30, deadline=None)
-@given(
-    seed=st.integers(0, 10_000),
-    n_groups=st.integers(1, 4),
-    group_size=st.integers(1, 4),
-    dp_size=st.integers(1, 4),
-    micro=st.integers(1, 3),
-)
+@batch_shapes
 def test_routes_line_up_with_input_ids_token_by_token(
     seed: int, n_groups: int, group_size: int, dp_size: int, micro: int
 ) -> None:
