@@ -11,6 +11,16 @@ URL="http://127.0.0.1:$PORT"
 PIDS=()
 
 [[ -x "$PYTHON" ]] || { echo "$(basename "$0"): $PYTHON not found (run 'make venv' in $REPO)" >&2; exit 2; }
+
+# Started with SIGINT ignored (a background job of a non-interactive shell: `cmd &` in a script,
+# many CI runners), bash cannot trap it: Ctrl-C or `kill -INT` would be ignored and the run could
+# end as a success. Start again with SIGINT restored, as agl-demo does for itself.
+SIGIGN="$(sed -n 's/^SigIgn:[[:space:]]*//p' "/proc/$$/status" 2>/dev/null || true)"
+if [[ -n "$SIGIGN" && -z "${AGL_SIGINT_RESTORED:-}" ]] && (( 0x$SIGIGN & 2 )); then
+  export AGL_SIGINT_RESTORED=1
+  exec "$PYTHON" -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])' \
+    "$BASH" "$0" "$@"
+fi
 KEY="${AGL_KEY:-$("$PYTHON" -c 'import secrets; print(secrets.token_urlsafe(24))')}"
 mkdir -p "$RUN_DIR"
 
