@@ -94,8 +94,9 @@ def _start(tmp_path: Path, marker: str, *args: str, sigint_ignored: bool = False
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # a stray group we can still end by its id if the test fails
-        # As a background job of a non-interactive shell starts it (`cmd &`, many CI runners).
-        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None,
+        # SIGINT as a terminal leaves it, or ignored as a background job of a non-interactive
+        # shell starts it (`cmd &`, many CI runners); not as the test runner happened to start.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN if sigint_ignored else signal.SIG_DFL),
     )
 
 
