@@ -16,8 +16,7 @@ PIDS=()
 # many CI runners), bash cannot trap it: Ctrl-C or `kill -INT` would be ignored and the run could
 # end as a success. Start again with SIGINT restored, as agl-demo does for itself.
 SIGIGN="$(sed -n 's/^SigIgn:[[:space:]]*//p' "/proc/$$/status" 2>/dev/null || true)"
-if [[ -n "$SIGIGN" && -z "${AGL_SIGINT_RESTORED:-}" ]] && (( 0x$SIGIGN & 2 )); then
-  export AGL_SIGINT_RESTORED=1
+if [[ -n "$SIGIGN" ]] && (( 0x$SIGIGN & 2 )); then
   exec "$PYTHON" -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])' \
     "$BASH" "$0" "$@"
 fi

@@ -149,5 +149,5 @@ def test_ctrl_c_stops_everything(tmp_path: Path, examples_python: str, sigint_ig
         rest, _ = proc.communicate(timeout=120)
     finally:
         _end(proc)
-    assert proc.returncode == 130, ("".join(seen) + (rest or ""))[-4000:]
+    assert proc.returncode == 130, ("".join(seen) + rest)[-4000:]
     _wait_gone(marker, before)
