@@ -150,6 +150,24 @@ class Demo:
         OmegaConf.save(cfg, self.config_path)
         return cfg
 
+    def check_train_config(self, overrides: Sequence[str]) -> None:
+        """Before anything starts: the trainer's backend reads every key of `train` and the
+        `train.*` overrides (a misspelt key fails here, naming it, not after the warm-up)."""
+        if self.cfg.trainer_backend != "torch":
+            return  # the verl backend checks its keys at its own start-up (it needs verl installed)
+        from agentlightning.torch_backend.config import load_torch_backend_config
+        from agentlightning.trainer.config import ConfigError, load_core_config
+
+        base = load_cli_config("train", [], prog="agl-demo", strict=False)
+        cfg = OmegaConf.merge(
+            base, OmegaConf.to_container(self.cfg.train), OmegaConf.from_dotlist(list(overrides))
+        )
+        try:
+            load_core_config(cfg)
+            load_torch_backend_config(cfg)
+        except (ConfigError, ValueError) as exc:
+            raise SystemExit(f"agl-demo: bad train.* config: {exc}") from None
+
     def start_services(self, train_cfg: DictConfig) -> None:
         gateway = self._start(
             "gateway",
@@ -291,6 +309,7 @@ def main(argv: Sequence[str] | None = None, demo_class: type[Demo] = Demo) -> No
     train_overrides = [a.removeprefix("train.") for a in args if a.startswith("train.")]
     cfg = load_cli_config("demo", [a for a in args if not a.startswith("train.")], prog="agl-demo")
     demo = demo_class(cfg)
+    demo.check_train_config(train_overrides)
     # Installed explicitly: a process started from a non-interactive shell's background job
     # (`make test &`, many CI runners) inherits SIGINT *ignored*, and Python then installs no
     # KeyboardInterrupt handler, so Ctrl-C (or `kill -INT`) was ignored and the run went on to

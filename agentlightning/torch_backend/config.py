@@ -12,8 +12,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from agentlightning.torch_backend.losses import RolloutCorrection
 from agentlightning.torch_backend.policy import ActorConfig
-from agentlightning.trainer.loop_config import load_section
+from agentlightning.trainer.config import ConfigError, core_config_keys
+from agentlightning.trainer.keys import check_keys, dataclass_keys
+from agentlightning.trainer.loop_config import DataConfig, TrainerConfig, load_section
 
 
 @dataclass
@@ -84,6 +87,8 @@ class TorchBackendConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     rollout: TorchRolloutConfig = field(default_factory=TorchRolloutConfig)
+    # algorithm.rollout_correction.* (verl's section), read by load_torch_backend_config
+    rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
 
     def validate(self) -> None:
         if self.rollout.n < 1:
@@ -102,12 +107,137 @@ class TorchBackendConfig:
             self.actor.validate()
         except ValueError as exc:
             raise ValueError(f"actor_rollout_ref.{exc}") from None
+        self.rollout_correction.validate()
 
 
 def load_torch_backend_config(cfg: DictConfig | dict[str, Any] | None) -> TorchBackendConfig:
-    """Read `actor_rollout_ref.{model,actor,rollout}` from a full training config."""
-    config: TorchBackendConfig = load_section(
-        OmegaConf.create(cfg or {}), "actor_rollout_ref", TorchBackendConfig
-    )
+    """Read `actor_rollout_ref.{model,actor,rollout}` and `algorithm.rollout_correction` from a full
+    training config, after checking that the torch backend reads every key of it."""
+    root = OmegaConf.create(cfg or {})
+    check_torch_keys(root)
+    config: TorchBackendConfig = load_section(root, "actor_rollout_ref", TorchBackendConfig)
+    config.rollout_correction = load_section(root, "algorithm.rollout_correction", RolloutCorrection)
     config.validate()
     return config
+
+
+# --- every key does something --------------------------------------------------------------
+
+# Set by validate() from other keys: a user value would be overwritten, so they are not keys.
+_DERIVED = ("actor_rollout_ref.actor.temperature", "actor_rollout_ref.actor.gradient_checkpointing")
+
+# verl's keys for *how* verl runs (parallelism, memory, placement, its data loader, its other
+# workers), not *what* it computes. Every v1.0 config is a verl config and carries some of them
+# (calc_x sets rollout.name, multi_turn.format, engine_kwargs), so the torch backend accepts them
+# unread, with one warning naming them (docs/training.md#keys-the-torch-backend-accepts-unread).
+VERL_ENGINE_KEYS: dict[str, str] = {
+    "actor_rollout_ref.hybrid_engine": "verl's actor/rollout colocation",
+    "actor_rollout_ref.nccl_timeout": "verl's process groups",
+    "actor_rollout_ref.ref.": "verl's reference worker (the torch backend keeps its own reference copy)",
+    "actor_rollout_ref.actor.strategy": "verl's training engine",
+    "actor_rollout_ref.actor.fsdp_config.": "verl's FSDP engine",
+    "actor_rollout_ref.actor.megatron.": "verl's Megatron engine",
+    "actor_rollout_ref.actor.checkpoint.": "verl's checkpoint contents",
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "verl's sequence parallelism",
+    "actor_rollout_ref.actor.use_torch_compile": "verl's FSDP engine",
+    "actor_rollout_ref.actor.ppo_micro_batch_size": "verl's deprecated global micro-batch size",
+    "actor_rollout_ref.actor.shuffle": "verl's data shuffle (the trainer core orders the mini-batches)",
+    "actor_rollout_ref.actor.use_remove_padding": "verl's packing",
+    "actor_rollout_ref.model.use_remove_padding": "verl's packing",
+    "actor_rollout_ref.model.use_shm": "verl's model loading",
+    "actor_rollout_ref.model.external_lib": "verl's model loading",
+    "actor_rollout_ref.model.override_config.": "verl's model loading",
+    "actor_rollout_ref.model.trust_remote_code": "verl's model loading",
+    "actor_rollout_ref.model.enable_activation_offload": "verl's FSDP engine",
+    "actor_rollout_ref.model.use_fused_kernels": "verl's FSDP engine",
+    "actor_rollout_ref.rollout.name": "verl's rollout engine (the torch backend's is rollout.engine)",
+    "actor_rollout_ref.rollout.mode": "verl's rollout mode",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": "verl's vLLM parallelism",
+    "actor_rollout_ref.rollout.data_parallel_size": "verl's vLLM parallelism",
+    "actor_rollout_ref.rollout.expert_parallel_size": "verl's vLLM parallelism",
+    "actor_rollout_ref.rollout.pipeline_model_parallel_size": "verl's vLLM parallelism",
+    "actor_rollout_ref.rollout.gpu_memory_utilization": "verl's vLLM memory (the torch backend's is rollout.vllm.*)",
+    "actor_rollout_ref.rollout.free_cache_engine": "verl's vLLM memory",
+    "actor_rollout_ref.rollout.enforce_eager": "verl's vLLM start-up (the torch backend's is rollout.vllm.*)",
+    "actor_rollout_ref.rollout.enable_chunked_prefill": "verl's vLLM scheduling",
+    "actor_rollout_ref.rollout.load_format": "verl's vLLM weight loading",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": "verl's log-prob pass",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "verl's log-prob pass",
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": "verl's log-prob pass",
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": "verl's log-prob pass",
+    "actor_rollout_ref.rollout.calculate_log_probs": "the Gateway records log-probs",
+    "actor_rollout_ref.rollout.multi_turn.": "verl's own agent loop (agents run behind the Gateway)",
+    "actor_rollout_ref.rollout.agent.": "verl's own agent loop (agents run behind the Gateway)",
+    "actor_rollout_ref.rollout.engine_kwargs.": "verl's vLLM arguments (the torch backend's are rollout.vllm.extra_args)",
+    "critic.": "verl's critic worker (GRPO-style algorithms need none)",
+    "reward_model.": "verl's reward worker (rewards come from the agents)",
+    "custom_reward_function.": "verl's reward function (rewards come from the agents)",
+    "ray_init.": "Ray",
+    "ray_kwargs.": "Ray",
+    "global_profiler.": "verl's profiler",
+    "transfer_queue.": "verl's transfer queue",
+    "trainer.n_gpus_per_node": "verl's placement (the torch backend uses one device)",
+    "trainer.nnodes": "verl's placement (the torch backend uses one device)",
+    "trainer.device": "verl's placement (the torch backend's is rollout.device)",
+    "trainer.use_v1": "verl's trainer choice",
+    "trainer.critic_warmup": "verl's critic",
+    "trainer.balance_batch": "verl's data-parallel balancing",
+    "trainer.log_val_generations": "verl's validation printout",
+    "trainer.ray_wait_register_center_timeout": "Ray",
+    "data.truncation": "verl's dataset (rollout inputs are the agents' data)",
+    "data.filter_overlong_prompts": "verl's dataset",
+    "data.prompt_key": "verl's dataset",
+    "data.reward_fn_key": "verl's dataset",
+    "data.return_raw_chat": "verl's dataset",
+    "data.return_raw_input_ids": "verl's dataset",
+    "data.return_full_prompt": "verl's dataset",
+    "data.tokenizer": "verl's dataset",
+    "data.use_shm": "verl's dataset",
+    "data.val_batch_size": "verl's dataset (validation runs every validation input at once)",
+    "data.dataloader_num_workers": "verl's dataset",
+    "algorithm.kl_ctrl.": "verl's in-reward KL (algorithm.use_kl_in_reward must be false)",
+    "algorithm.kl_penalty": "verl's in-reward KL (algorithm.use_kl_in_reward must be false)",
+}
+
+# Keys of verl's algorithm that the torch backend implements at one value only.
+TORCH_FIXED_KEYS: dict[str, tuple[Any, ...]] = {
+    "algorithm.use_kl_in_reward": (False,),  # the KL term is actor.use_kl_loss
+    "algorithm.gamma": (1.0, 1),  # rollout-level rewards: discounting has nothing to discount
+    "algorithm.lam": (1.0, 1),  # GAE's λ: no critic
+    "critic.enable": (False, None),
+}
+
+
+def torch_read_keys() -> tuple[set[str], set[str]]:
+    """(keys, mapping keys) the torch backend reads: the core's, the loop's and its own."""
+    read, maps = dataclass_keys(
+        "actor_rollout_ref.", TorchBackendConfig, skip=("actor_rollout_ref.rollout_correction",)
+    )
+    read -= set(_DERIVED)
+    rc, _ = dataclass_keys("algorithm.rollout_correction.", RolloutCorrection)
+    trainer, _ = dataclass_keys("trainer.", TrainerConfig)
+    data, _ = dataclass_keys("data.", DataConfig)
+    read |= rc | trainer | data | set(core_config_keys())
+    maps |= {"agentlightning.local.env_map"}
+    return read, maps
+
+
+def check_torch_keys(cfg: DictConfig | dict[str, Any]) -> dict[str, str]:
+    """Fail start-up on a key the torch backend does not read (naming it, with a did-you-mean);
+    verl's engine keys are accepted unread with one warning. Returns those."""
+    read, maps = torch_read_keys()
+    root = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
+    for key, allowed in TORCH_FIXED_KEYS.items():
+        value = OmegaConf.select(root, key, default=allowed[0])
+        if not any(value == a and isinstance(value, bool) == isinstance(a, bool) for a in allowed):
+            raise ConfigError(
+                f"{key}={value!r} is not implemented by the torch backend (it implements {allowed[0]!r})"
+            )
+
+    def compat(key: str, value: Any) -> str | None:
+        for pattern, why in VERL_ENGINE_KEYS.items():
+            if key == pattern or (pattern.endswith(".") and key.startswith(pattern)):
+                return why
+        return None
+
+    return check_keys(root, "torch", read | set(TORCH_FIXED_KEYS), maps, compat)

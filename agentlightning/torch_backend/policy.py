@@ -39,6 +39,13 @@ import torch
 
 from agentlightning.log import get_logger
 from agentlightning.torch_backend import hf_compat
+from agentlightning.torch_backend.losses import (
+    LOSS_MODES,
+    RolloutCorrection,
+    health_stats,
+    rollout_correction_weights,
+    token_policy_loss,
+)
 from agentlightning.trainer.rows import TrainingRow
 
 log = get_logger("torch_policy")
@@ -58,6 +65,13 @@ class OptimConfig:
 
 
 @dataclass
+class PolicyLossConfig:
+    """`actor_rollout_ref.actor.policy_loss.*` (verl's names)."""
+
+    loss_mode: str = "vanilla"  # vanilla (PPO clip: GRPO, DAPO, …) | gspo | cispo (losses.py)
+
+
+@dataclass
 class ActorConfig:
     """`actor_rollout_ref.actor.*` (verl names where they mean the same) plus our additions."""
 
@@ -66,9 +80,12 @@ class ActorConfig:
     ppo_micro_batch_size_per_gpu: int = 8
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = 16384
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
+    clip_ratio: float = 0.2  # verl: the clip range where clip_ratio_low / clip_ratio_high are null
+    clip_ratio_low: float | None = 0.2
+    clip_ratio_high: float | None = 0.2  # DAPO's clip-higher: e.g. 0.28
     clip_ratio_c: float = 3.0
+    policy_loss: PolicyLossConfig = field(default_factory=lambda: PolicyLossConfig())
+    calculate_entropy: bool = True  # log actor/entropy (v1.0's key); costs one pass over the vocabulary
     grad_clip: float = 1.0
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
@@ -81,7 +98,29 @@ class ActorConfig:
     dtype: str = "auto"  # auto: fp32 params, bf16 autocast on CUDA | float32 | bfloat16
     gradient_checkpointing: bool = False
 
+    @property
+    def clip_low(self) -> float:
+        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
+
+    @property
+    def clip_high(self) -> float:
+        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
+
     def validate(self) -> None:
+        if self.policy_loss.loss_mode not in LOSS_MODES:
+            raise ValueError(
+                f"actor.policy_loss.loss_mode must be one of {', '.join(LOSS_MODES)} with the torch backend, "
+                f"got {self.policy_loss.loss_mode!r}"
+            )
+        if not (0 <= self.clip_low < 1) or self.clip_high < 0:
+            raise ValueError(
+                f"actor.clip_ratio_low must be in [0, 1) and clip_ratio_high >= 0, got {self.clip_low}, {self.clip_high}"
+            )
+        if self.tis_imp_ratio_cap > 0 and self.old_log_prob_source != "recompute":
+            raise ValueError(
+                "actor.tis_imp_ratio_cap > 0 needs actor.old_log_prob_source=recompute: with the rollout's own "
+                "log-probs as the old policy every importance ratio is 1 and the cap would do nothing"
+            )
         if self.old_log_prob_source not in ("rollout", "recompute"):
             raise ValueError(
                 f"actor.old_log_prob_source must be 'rollout' or 'recompute', got {self.old_log_prob_source!r}"
@@ -140,21 +179,39 @@ def policy_loss(
     clip_c: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token PPO loss with dual clip, and per-token indicators for metrics."""
-    neg_kl = (logp - old_logp).clamp(-20.0, 20.0)
-    ratio = neg_kl.exp()
-    l1 = -advantage * ratio
-    l2 = -advantage * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    clipped = torch.maximum(l1, l2)
-    l3 = -advantage * clip_c
-    dual = torch.minimum(l3, clipped)
-    loss = torch.where(advantage < 0, dual, clipped)
-    info = {
-        "clipped": (l2 > l1).float(),
-        "clipped_lower": ((clipped > l3) & (advantage < 0)).float(),
-        "approx_kl": -neg_kl,
-        "ratio": ratio,
-    }
-    return loss, info
+    return token_policy_loss(
+        "vanilla", logp, old_logp, advantage, torch.ones_like(logp), clip_low, clip_high, clip_c
+    )
+
+
+def _correction(config: ActorConfig, correction: RolloutCorrection | None) -> RolloutCorrection:
+    """The rollout correction to apply: `algorithm.rollout_correction`, or our older
+    `actor.tis_imp_ratio_cap` (token-level TIS), which needs the old log-probs recomputed."""
+    rc = correction or RolloutCorrection()
+    rc.validate()
+    if config.tis_imp_ratio_cap > 0:
+        if rc.rollout_is is not None:
+            raise ValueError(
+                "actor.tis_imp_ratio_cap and algorithm.rollout_correction.rollout_is both ask for importance "
+                "sampling: set one (rollout_is=token, rollout_is_threshold=CAP is the same as the cap)"
+            )
+        rc = RolloutCorrection(
+            rollout_is="token",
+            rollout_is_threshold=config.tis_imp_ratio_cap,
+            rollout_rs=rc.rollout_rs,
+            rollout_rs_threshold=rc.rollout_rs_threshold,
+            rollout_rs_threshold_lower=rc.rollout_rs_threshold_lower,
+        )
+    if rc.enabled and config.old_log_prob_source != "recompute":
+        raise ValueError(
+            "algorithm.rollout_correction needs actor_rollout_ref.actor.old_log_prob_source=recompute: the "
+            "correction compares the trainer's old log-probs with the sampler's, and with source=rollout they "
+            "are the same numbers"
+        )
+    return rc
+
+
+_MAX_STATS = ("ratio_max", "sampler_trainer_is_max")  # aggregated by max, the others by mean
 
 
 class PolicyUpdater:
@@ -166,9 +223,11 @@ class PolicyUpdater:
         config: ActorConfig | None = None,
         device: str | torch.device | None = None,
         ref_model: Any = None,
+        correction: RolloutCorrection | None = None,
     ) -> None:
         self.config = config or ActorConfig()
         self.config.validate()
+        self.correction = _correction(self.config, correction)
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
         self.model = model.to(self.device, dtype=torch.float32)
         if self.config.gradient_checkpointing and hasattr(self.model, "gradient_checkpointing_enable"):
@@ -342,7 +401,7 @@ class PolicyUpdater:
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
                 for k, v in self.backward(mb, old if need_old else None).items():
-                    sums[k] += v
+                    sums[k] = max(sums.get(k, v), v) if k in _MAX_STATS else sums[k] + v
                 tokens += sum(len(r.prompt_ids) + len(r.response_ids) for r in mb)
                 norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
                 grad_norm = float(norm)
@@ -357,7 +416,7 @@ class PolicyUpdater:
                 grad_norms.append(grad_norm)
         elapsed = time.perf_counter() - t0
         self.model.eval()
-        metrics = {f"actor/{k}": v / max(n_steps, 1) for k, v in sums.items()}
+        metrics = {f"actor/{k}": v if k in _MAX_STATS else v / max(n_steps, 1) for k, v in sums.items()}
         metrics["actor/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["actor/optimizer_steps"] = float(n_steps)
@@ -377,14 +436,16 @@ class PolicyUpdater:
         sums: dict[str, float] = defaultdict(float)
         for micro in self.micro_batches(rows):
             for k, v in self._micro_step(micro, old).items():
-                sums[k] += v
+                sums[k] = max(sums.get(k, v), v) if k in _MAX_STATS else sums[k] + v
         return dict(sums)
 
     def _micro_step(self, rows: list[TrainingRow], old: dict[int, torch.Tensor] | None) -> dict[str, float]:
         cfg = self.config
         batch = self._collate(rows)
-        want_entropy = cfg.entropy_coeff != 0
-        logp, entropy = self._forward_log_probs(self.model, batch, with_entropy=want_entropy)
+        grad_entropy = cfg.entropy_coeff != 0
+        logp, entropy = self._forward_log_probs(
+            self.model, batch, with_entropy=grad_entropy or cfg.calculate_entropy
+        )
         if old is not None:
             old_lp = torch.zeros_like(logp)
             for i, r in enumerate(rows):
@@ -394,17 +455,28 @@ class PolicyUpdater:
         else:
             assert batch.rollout_log_probs is not None
             old_lp = batch.rollout_log_probs
-        pg, info = policy_loss(
-            logp, old_lp, batch.advantage, cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.clip_ratio_c
+        pg, info = token_policy_loss(
+            cfg.policy_loss.loss_mode,
+            logp,
+            old_lp,
+            batch.advantage,
+            batch.mask,
+            cfg.clip_low,
+            cfg.clip_high,
+            cfg.clip_ratio_c,
         )
         w = batch.weight
-        if cfg.tis_imp_ratio_cap > 0 and old is not None and batch.rollout_log_probs is not None:
-            is_weight = (
-                (old_lp - batch.rollout_log_probs).clamp(-20, 20).exp().clamp(max=cfg.tis_imp_ratio_cap)
-            )
-            pg = pg * is_weight.detach()
-        token_loss = pg
         stats: dict[str, float] = {}
+        if self.correction.enabled:
+            if old is not None and batch.rollout_log_probs is not None:
+                factor, rc_stats = rollout_correction_weights(
+                    old_lp, batch.rollout_log_probs, batch.mask, self.correction
+                )
+                pg = pg * factor
+                stats.update(rc_stats)
+            else:  # a call without log-probs in this micro-batch: counted, never skipped quietly
+                stats["rollout_correction_skipped_rows"] = float(len(rows))
+        token_loss = pg
         if self.ref_model is not None:
             with torch.no_grad():
                 ref_lp, _ = self._forward_log_probs(self.ref_model, batch)
@@ -412,7 +484,8 @@ class PolicyUpdater:
             token_loss = token_loss + cfg.kl_loss_coef * kl
             stats["kl_loss"] = float((kl.detach() * w).sum())
         if entropy is not None:
-            token_loss = token_loss - cfg.entropy_coeff * entropy
+            if grad_entropy:
+                token_loss = token_loss - cfg.entropy_coeff * entropy
             stats["entropy"] = float((entropy.detach() * w).sum())
         loss = (token_loss * w).sum()
         loss.backward()
@@ -421,6 +494,9 @@ class PolicyUpdater:
             stats["pg_clipfrac"] = float((info["clipped"] * w).sum())
             stats["pg_clipfrac_lower"] = float((info["clipped_lower"] * w).sum())
             stats["ppo_kl"] = float((info["approx_kl"] * w).sum())
+            sums, maxes = health_stats(logp, batch.rollout_log_probs, info["ratio"], w, batch.mask)
+            stats.update(sums)
+            stats.update(maxes)
         return stats
 
     # --- checkpoints --------------------------------------------------------------------------

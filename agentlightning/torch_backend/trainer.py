@@ -77,7 +77,9 @@ class TorchBackend:
                 f"actor_rollout_ref.model.path: cannot load {self.config.model.path!r}: {exc}"
             ) from None
         self._set_lr_horizon(total_steps)
-        self.updater = PolicyUpdater(policy, self.config.actor, device=device)
+        self.updater = PolicyUpdater(
+            policy, self.config.actor, device=device, correction=self.config.rollout_correction
+        )
         if state is not None:
             self.updater.load_state_dict(state["policy"])
             set_torch_rng_state(state["rng"])

@@ -8,8 +8,13 @@ row of that rollout, so a rollout that made many rows still casts one vote.
   when `norm_by_std` is off.
 * `rloo`: `r - mean(other rewards of the group)`.
 * `mean`: `r - mean`.
+* `reinforce_plus_plus` (REINFORCE++, Hu 2025, arXiv:2501.03262; verl's name): no group
+  baseline, the rewards are whitened over the whole batch: `(r - mean_B) / (std_B + eps)`.
+  (verl whitens over tokens; here over rollouts, so a long rollout casts one vote.)
+* `reinforce_plus_plus_baseline`: `r - mean` within the group, then whitened over the batch.
 
-A group with a single rollout has no baseline: its advantage is 0, never its raw reward.
+A group with a single rollout has no baseline: its advantage is 0, never its raw reward. For
+the group estimators a group whose rewards are all equal gets exactly 0.
 """
 
 from __future__ import annotations
@@ -42,6 +47,16 @@ def group_advantages(
     return centred
 
 
+def whiten(values: Sequence[float], eps: float = 1e-6) -> list[float]:
+    """`(v - mean) / (std + eps)` over all values (sample std); all equal or fewer than 2: zeros."""
+    n = len(values)
+    if n <= 1 or all(v == values[0] for v in values):
+        return [0.0] * n
+    mean = math.fsum(values) / n
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+    return [(v - mean) / (std + eps) for v in values]
+
+
 def rollout_advantages(
     members: Iterable[tuple[str, str, float]],
     estimator: AdvEstimator = AdvEstimator.GRPO,
@@ -50,14 +65,26 @@ def rollout_advantages(
 ) -> dict[str, float]:
     """`rollout_id -> advantage` for `(rollout_id, group_id, reward)` triples, grouped by group_id."""
     groups: dict[str, list[tuple[str, float]]] = {}
+    seen: set[str] = set()
     for rollout_id, group_id, reward in members:
+        if rollout_id in seen:
+            raise ValueError(f"rollout {rollout_id} appears twice among the advantage members")
+        seen.add(rollout_id)
         groups.setdefault(group_id, []).append((rollout_id, reward))
     out: dict[str, float] = {}
+    if estimator in (AdvEstimator.REINFORCE_PLUS_PLUS, AdvEstimator.REINFORCE_PLUS_PLUS_BASELINE):
+        ids: list[str] = []
+        values: list[float] = []
+        for group in groups.values():
+            rewards = [r for _, r in group]
+            if estimator == AdvEstimator.REINFORCE_PLUS_PLUS_BASELINE:
+                rewards = group_advantages(rewards, AdvEstimator.MEAN)
+            ids += [rollout_id for rollout_id, _ in group]
+            values += rewards
+        return dict(zip(ids, whiten(values, eps), strict=True))
     for group in groups.values():
         advs = group_advantages([r for _, r in group], estimator, norm_by_std, eps)
         for (rollout_id, _), adv in zip(group, advs, strict=True):
-            if rollout_id in out:
-                raise ValueError(f"rollout {rollout_id} appears twice among the advantage members")
             out[rollout_id] = adv
     return out
 

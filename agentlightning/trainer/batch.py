@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from agentlightning.log import get_logger
 from agentlightning.trainer.advantage import assign_advantages, rollout_advantages
 from agentlightning.trainer.aggregation import AggregationStats, RowLimits, aggregate_calls, usable_calls
 from agentlightning.trainer.collected import CollectedRollout
@@ -33,7 +34,10 @@ from agentlightning.trainer.metrics import (
 )
 from agentlightning.trainer.rewards import last_reward
 from agentlightning.trainer.rows import TrainingRow
-from agentlightning.trainer.shaping import shape_batch, split_minibatches
+from agentlightning.trainer.shaping import group_rows, shape_batch, split_minibatches
+from agentlightning.trainer.staleness import split_stale_groups
+
+log = get_logger("training_batch")
 
 
 def step_rng(seed: int, step: int, purpose: int = 0) -> random.Random:
@@ -48,6 +52,8 @@ class TrainingBatch:
     groups_per_minibatch: int = 1
     seed: int = 0
     step: int = 0
+    loss_agg_mode: str = "seq-mean-token-mean"
+    loss_length: int | None = None  # L of seq-mean-token-sum-norm
 
     @property
     def empty(self) -> bool:
@@ -56,7 +62,12 @@ class TrainingBatch:
     def minibatches(self, shuffle: bool = True) -> list[list[TrainingRow]]:
         """PPO mini-batches of whole groups, loss weights set; shuffled with the step's generator."""
         return split_minibatches(
-            self.rows, self.groups_per_minibatch, shuffle=shuffle, rng=step_rng(self.seed, self.step, 2)
+            self.rows,
+            self.groups_per_minibatch,
+            shuffle=shuffle,
+            rng=step_rng(self.seed, self.step, 2),
+            mode=self.loss_agg_mode,
+            length=self.loss_length,
         )
 
 
@@ -86,6 +97,9 @@ def _build(
         accepted = [r for r in ordered if not r.failed]
     else:
         accepted = list(ordered)
+    stale: list[CollectedRollout] = []
+    if policy_version is not None:
+        accepted, stale = split_stale_groups(accepted, policy_version, agl.max_staleness)
 
     limits = RowLimits(config.prompt_limit, config.response_limit)
     level = agl.trace_aggregator.level
@@ -112,6 +126,17 @@ def _build(
         members, config.adv_estimator, config.norm_adv_by_std_in_grpo, agl.adv_epsilon
     )
     assign_advantages(rows, advantages)
+    n_filtered_groups = n_filtered_rows = n_surplus_groups = 0
+    if config.filter_groups:  # DAPO's dynamic sampling: all-equal groups carry no signal
+        no_signal = {g for g, members in group_rows(rows).items() if len({r.reward for r in members}) == 1}
+        n_filtered_groups = len(no_signal)
+        n_filtered_rows = sum(1 for r in rows if r.group_id in no_signal)
+        rows = [r for r in rows if r.group_id not in no_signal]
+        # Topped-up batches may hold more signal groups than a step trains on: the first ones.
+        signal_groups = list(group_rows(rows))
+        keep = set(signal_groups[: config.train_batch_size])
+        n_surplus_groups = len(signal_groups) - len(keep)
+        rows = [r for r in rows if r.group_id in keep]
     shaped, shape_stats = shape_batch(
         rows,
         config.ppo_mini_batch_size,
@@ -128,6 +153,11 @@ def _build(
         "training/n_rollouts_dropped_failed": len(ordered) - len(accepted),
         "training/n_rollouts_w_reward": n_with_reward,
         "training/n_rollouts_w_trace": len(members),
+        "training/staleness/n_rollouts_dropped": len(stale),
+        "training/staleness/n_groups_dropped": len({r.group_id for r in stale}),
+        "training/n_groups_filtered/same_reward": n_filtered_groups,
+        "training/n_sample_filtered/same_reward": n_filtered_rows,
+        "training/n_groups_filtered/surplus": n_surplus_groups,
     }
     metrics.update(aggregation_metrics(stats))
     metrics.update(shaping_metrics(shape_stats))
@@ -135,4 +165,31 @@ def _build(
     if policy_version is not None:
         metrics.update(staleness_metrics(shaped, policy_version))
     metrics["timing/build_batch_s"] = time.perf_counter() - started
-    return TrainingBatch(shaped, metrics, config.ppo_mini_batch_size, agl.seed, step)
+    _say_what_was_left_out(step, metrics)
+    length = config.loss_scale_factor or config.max_response_length
+    return TrainingBatch(
+        shaped, metrics, config.ppo_mini_batch_size, agl.seed, step, config.loss_agg_mode.value, length
+    )
+
+
+# Counters said in the step's one `batch_left_out` line when not zero: nothing is skipped quietly.
+_LEFT_OUT = {
+    "training/n_zero_adv_groups": "groups_all_equal_trained_with_zero_advantage",
+    "training/n_groups_dropped/same_reward": "groups_all_equal_dropped_by_shaping",
+    "training/n_groups_filtered/same_reward": "groups_all_equal_filtered",
+    "training/n_groups_filtered/surplus": "groups_beyond_train_batch_size_after_top_up",
+    "training/n_calls_no_log_probs": "calls_without_log_probs",
+    "training/n_calls_error": "calls_failed",
+    "training/n_calls_no_tokens": "calls_without_tokens",
+    "training/n_rollouts_dropped_failed": "rollouts_failed_dropped",
+    "training/staleness/n_groups_dropped": "groups_too_stale_dropped",
+    "training/n_sample_dropped/marked": "rows_prompt_too_long",
+}
+
+
+def _say_what_was_left_out(step: int, metrics: dict[str, float]) -> None:
+    said = {name: int(metrics[key]) for key, name in _LEFT_OUT.items() if metrics.get(key)}
+    if metrics.get("training/n_sample_trained", 0) == 0:
+        log.warning("batch_empty_nothing_to_train", step=step, **said)
+    elif said:
+        log.info("batch_left_out", step=step, **said)

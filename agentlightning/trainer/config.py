@@ -33,6 +33,22 @@ class AdvEstimator(StrEnum):
     GRPO = "grpo"
     RLOO = "rloo"
     MEAN = "mean"
+    REINFORCE_PLUS_PLUS = "reinforce_plus_plus"  # verl's name: whitened over the batch, no group baseline
+    REINFORCE_PLUS_PLUS_BASELINE = "reinforce_plus_plus_baseline"  # group mean, then batch whitening
+
+
+class LossAggMode(StrEnum):
+    """`actor_rollout_ref.actor.loss_agg_mode` (verl's names); a "sequence" is a rollout here."""
+
+    SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"  # per-rollout mean (our default)
+    TOKEN_MEAN = "token-mean"  # every trainable token of the mini-batch weighs the same (DAPO)
+    SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"  # token sums, averaged over rollouts
+    SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"  # token sums / a constant length (Dr.GRPO)
+
+
+class StalePolicy(StrEnum):
+    DROP = "drop"  # groups with a call older than max_staleness are left out of the step, counted
+    WAIT = "wait"  # async: stale groups are discarded at collection and fresher ones awaited
 
 
 class FailedRolloutPolicy(StrEnum):
@@ -91,6 +107,10 @@ class AgentLightningConfig:
     adv_epsilon: float = 1e-6
     seed: int = 0
     async_rollout: AsyncRolloutConfig = field(default_factory=AsyncRolloutConfig)
+    # None: no bound. Else a group whose trainable tokens include one generated more than this
+    # many policy versions ago is handled by `stale_policy` (whole groups: no lone survivors).
+    max_staleness: int | None = None
+    stale_policy: str = StalePolicy.DROP.value  # checked into a StalePolicy
 
 
 # --- the resolved settings ------------------------------------------------------------------
@@ -109,6 +129,10 @@ class CoreConfig:
     norm_adv_by_std_in_grpo: bool = True  # algorithm.norm_adv_by_std_in_grpo
     max_prompt_length: int | None = None  # data.max_prompt_length
     max_response_length: int | None = None  # data.max_response_length
+    loss_agg_mode: LossAggMode = LossAggMode.SEQ_MEAN_TOKEN_MEAN  # actor_rollout_ref.actor.loss_agg_mode
+    loss_scale_factor: int | None = None  # actor_rollout_ref.actor.loss_scale_factor (sum-norm's length)
+    filter_groups: bool = False  # algorithm.filter_groups.enable: DAPO's dynamic sampling
+    filter_groups_max_batches: int = 0  # algorithm.filter_groups.max_num_gen_batches; 0: no limit
 
     @property
     def prompt_limit(self) -> int | None:
@@ -146,6 +170,14 @@ VERL_KEYS: dict[str, tuple[str, Any]] = {
     "algorithm.norm_adv_by_std_in_grpo": ("norm_adv_by_std_in_grpo", True),
     "data.max_prompt_length": ("max_prompt_length", None),
     "data.max_response_length": ("max_response_length", None),
+    "actor_rollout_ref.actor.loss_agg_mode": ("loss_agg_mode", "seq-mean-token-mean"),
+    "actor_rollout_ref.actor.loss_scale_factor": ("loss_scale_factor", None),
+    "algorithm.filter_groups.enable": ("filter_groups", False),
+    "algorithm.filter_groups.max_num_gen_batches": ("filter_groups_max_batches", 0),
+}
+# Keys of verl's that the core accepts only at the one value it implements (verl's default).
+FIXED_VERL_KEYS: dict[str, Any] = {
+    "algorithm.filter_groups.metric": ("acc", "score", "seq_reward", "seq_final_reward", None),
 }
 
 
@@ -196,6 +228,8 @@ def _check_agl(agl: AgentLightningConfig) -> None:
         "agentlightning.trace_aggregator.level", agl.trace_aggregator.level, AggregationLevel
     )
     agl.failed_rollouts = _choice("agentlightning.failed_rollouts", agl.failed_rollouts, FailedRolloutPolicy)
+    agl.stale_policy = _choice("agentlightning.stale_policy", agl.stale_policy, StalePolicy)
+    _int("agentlightning.max_staleness", agl.max_staleness, 0, allow_none=True)
 
     def positive(key: str, value: float) -> None:
         if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
@@ -266,6 +300,43 @@ def load_core_config(
         name = VERL_KEYS[key][0]
         values[name] = _int(key, values[name], 1, allow_none=True)
     values["adv_estimator"] = _choice("algorithm.adv_estimator", values["adv_estimator"], AdvEstimator)
+    values["loss_agg_mode"] = _choice(
+        "actor_rollout_ref.actor.loss_agg_mode", values["loss_agg_mode"], LossAggMode
+    )
+    values["loss_scale_factor"] = _int(
+        "actor_rollout_ref.actor.loss_scale_factor", values["loss_scale_factor"], 1, allow_none=True
+    )
+    if (
+        values["loss_agg_mode"] == LossAggMode.SEQ_MEAN_TOKEN_SUM_NORM
+        and values["loss_scale_factor"] is None
+        and values["max_response_length"] is None
+    ):
+        raise ConfigError(
+            "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm divides token sums by a constant "
+            "length: set actor_rollout_ref.actor.loss_scale_factor or data.max_response_length"
+        )
+    if not isinstance(values["filter_groups"], bool):
+        raise ConfigError(
+            f"algorithm.filter_groups.enable must be true or false, got {values['filter_groups']!r}"
+        )
+    values["filter_groups_max_batches"] = _int(
+        "algorithm.filter_groups.max_num_gen_batches", values["filter_groups_max_batches"], 0
+    )
+    for key, allowed in FIXED_VERL_KEYS.items():
+        value = OmegaConf.select(root, key, default=None)
+        if value not in allowed:
+            raise ConfigError(
+                f"{key}: the trainer core implements {allowed[0]!r} (a group's rewards), got {value!r}"
+            )
+    if (
+        agl.stale_policy == StalePolicy.WAIT
+        and agl.max_staleness is not None
+        and not agl.async_rollout.enabled
+    ):
+        raise ConfigError(
+            "agentlightning.stale_policy=wait needs agentlightning.async_rollout.enabled: in sync mode every "
+            "group is made by the current policy"
+        )
     if not isinstance(values["norm_adv_by_std_in_grpo"], bool):
         raise ConfigError(
             f"algorithm.norm_adv_by_std_in_grpo must be true or false, got {values['norm_adv_by_std_in_grpo']!r}"
@@ -282,7 +353,7 @@ def load_core_config(
 
 def core_config_keys() -> list[str]:
     """Every key the core reads, dotted, for documentation and `--help`."""
-    keys = list(VERL_KEYS)
+    keys = list(VERL_KEYS) + list(FIXED_VERL_KEYS)
 
     def walk(prefix: str, cls: type) -> None:
         for f in fields(cls):

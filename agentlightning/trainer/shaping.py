@@ -11,7 +11,15 @@ dropping a whole group changes no other group's advantages.
 Loss weights make the loss a per-rollout mean: within one mini-batch of R rollouts, each
 trainable token of a rollout with T trainable tokens (over all its rows) weighs 1/(R·T), so
 `Σ loss_weight · mask · token_loss` over the mini-batch averages each rollout's token losses
-and then averages over rollouts — whatever the split into rows and micro-batches.
+and then averages over rollouts — whatever the split into rows and micro-batches. The other
+aggregations of `actor_rollout_ref.actor.loss_agg_mode` (verl's names; a "sequence" is a
+rollout) are other weights of the same sum, with N the mini-batch's trainable tokens and L a
+constant length:
+
+    seq-mean-token-mean (default)  1/(R·T)
+    token-mean                     1/N        (DAPO: long rollouts weigh more)
+    seq-mean-token-sum             1/R
+    seq-mean-token-sum-norm        1/(R·L)    (Dr.GRPO: no length normalisation)
 """
 
 from __future__ import annotations
@@ -96,15 +104,32 @@ def shape_batch(
     return kept, stats
 
 
-def set_loss_weights(rows: Sequence[TrainingRow]) -> None:
-    """Weights for one mini-batch: each trainable token of rollout r gets 1/(R·T_r)."""
+def set_loss_weights(
+    rows: Sequence[TrainingRow], mode: str = "seq-mean-token-mean", length: int | None = None
+) -> None:
+    """Weights for one mini-batch (see the module docstring): by default each trainable token
+    of rollout r gets 1/(R·T_r). `length` is L of `seq-mean-token-sum-norm`."""
     trainable: dict[str, int] = {}
     for row in rows:
         trainable[row.rollout_id] = trainable.get(row.rollout_id, 0) + row.n_trainable
     n_rollouts = sum(1 for t in trainable.values() if t > 0)
+    n_tokens = sum(trainable.values())
     for row in rows:
         t = trainable[row.rollout_id]
-        row.loss_weight = 1.0 / (n_rollouts * t) if t > 0 else 0.0
+        if t <= 0:
+            row.loss_weight = 0.0
+        elif mode == "seq-mean-token-mean":
+            row.loss_weight = 1.0 / (n_rollouts * t)
+        elif mode == "token-mean":
+            row.loss_weight = 1.0 / n_tokens
+        elif mode == "seq-mean-token-sum":
+            row.loss_weight = 1.0 / n_rollouts
+        elif mode == "seq-mean-token-sum-norm":
+            if not length or length < 1:
+                raise ValueError("seq-mean-token-sum-norm needs a positive constant length")
+            row.loss_weight = 1.0 / (n_rollouts * length)
+        else:
+            raise ValueError(f"unknown loss_agg_mode {mode!r}")
 
 
 def split_minibatches(
@@ -112,6 +137,8 @@ def split_minibatches(
     groups_per_minibatch: int,
     shuffle: bool = False,
     rng: random.Random | None = None,
+    mode: str = "seq-mean-token-mean",
+    length: int | None = None,
 ) -> list[list[TrainingRow]]:
     """Split a shaped batch into PPO mini-batches of whole groups and set their loss weights.
 
@@ -127,6 +154,6 @@ def split_minibatches(
     out: list[list[TrainingRow]] = []
     for start in range(0, len(groups), groups_per_minibatch):
         mb = [row for group in groups[start : start + groups_per_minibatch] for row in group]
-        set_loss_weights(mb)
+        set_loss_weights(mb, mode, length)
         out.append(mb)
     return out

@@ -17,6 +17,7 @@ import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_module
@@ -25,9 +26,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from agentlightning.log import get_logger
 from agentlightning.trainer.config import ConfigError, CoreConfig, load_core_config
-from agentlightning.verl.loss import LOSS_AGG_MODE, PER_ROLLOUT_MEAN
+from agentlightning.verl.loss import LOSS_AGG_MODE, WEIGHTED_LOSSES
 
 log = get_logger("verl_config")
+
+_TRAIN_YAML = Path(__file__).resolve().parent.parent / "config" / "train.yaml"  # the torch defaults
 
 # Keys of ours inside verl's sections: read by the backend, removed from verl's view.
 OUR_KEYS = (
@@ -64,6 +67,12 @@ def compose_config(
         base = OmegaConf.merge(base, user if isinstance(user, DictConfig) else OmegaConf.create(dict(user)))
     if overrides:
         base = OmegaConf.merge(base, OmegaConf.from_dotlist(list(overrides)))
+    actor = OmegaConf.select(base, "actor_rollout_ref.actor")
+    if isinstance(actor, DictConfig) and actor.get("loss_agg_mode") == LOSS_AGG_MODE:
+        # The older spelling (verl's own view): token-sum over the core's weights is the default,
+        # the per-rollout mean. The key now names the aggregation the weights make.
+        log.info("loss_agg_mode_token_sum_read_as", loss_agg_mode="seq-mean-token-mean")
+        actor.loss_agg_mode = "seq-mean-token-mean"
     return base  # type: ignore[return-value]
 
 
@@ -107,10 +116,18 @@ def _torch_backend_keys() -> frozenset[str]:
 
 
 def verl_view(cfg: DictConfig) -> DictConfig:
-    """`cfg` without what verl does not read: the agentlightning block, our keys, other backends' keys."""
+    """`cfg` without what verl does not read: the agentlightning block, our keys, other backends' keys;
+    the loss as verl runs it: the registered weighted loss of `policy_loss.loss_mode`, `token-sum`
+    over the core's weights (which carry `loss_agg_mode`)."""
     view = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     OmegaConf.set_struct(view, False)
     view.pop("agentlightning", None)
+    actor = OmegaConf.select(view, "actor_rollout_ref.actor")
+    if isinstance(actor, DictConfig):
+        mode = OmegaConf.select(actor, "policy_loss.loss_mode", default="vanilla")
+        if mode in WEIGHTED_LOSSES:
+            actor.policy_loss.loss_mode = WEIGHTED_LOSSES[mode]
+        actor.loss_agg_mode = LOSS_AGG_MODE
     for key in OUR_KEYS:
         parent, _, leaf = key.rpartition(".")
         node = OmegaConf.select(view, parent)
@@ -131,6 +148,46 @@ def verl_view(cfg: DictConfig) -> DictConfig:
     return view
 
 
+def check_verl_keys(cfg: DictConfig) -> None:
+    """Every key is read by the verl backend (verl's own, ours, the core's), or start-up fails naming
+    it. A key only the torch backend reads is accepted at the torch default (one file drives both
+    backends; `verl_view` leaves it out, logged) and fails set to anything else."""
+    from agentlightning.torch_backend.config import torch_read_keys
+    from agentlightning.trainer.keys import did_you_mean, leaf_items
+
+    plain = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(plain, dict)
+    plain.pop("agentlightning", None)  # the core checks its own block
+    unknown = _unknown_keys(plain, _packaged_keys())
+    torch_read, _ = torch_read_keys()
+    torch_defaults = OmegaConf.load(_TRAIN_YAML)
+    missing = object()
+    bad: list[str] = []
+    for key in unknown:
+        torch_only = key in torch_read or any(k.startswith(f"{key}.") for k in torch_read)
+        if not torch_only:
+            bad.append(key)
+            continue
+        value = OmegaConf.select(cfg, key)
+        default = OmegaConf.select(torch_defaults, key, default=missing)
+        if isinstance(value, DictConfig):
+            value = OmegaConf.to_container(value, resolve=True)
+        if isinstance(default, DictConfig):
+            default = OmegaConf.to_container(default, resolve=True)
+        if value != default:
+            raise ConfigError(
+                f"{key}={value!r} is read only by the torch backend: the verl backend does not read it "
+                "(remove it, or train with backend=torch)"
+            )
+    if bad:
+        known = {k for k, _ in leaf_items(_packaged_keys())}
+        more = f"; also not read: {', '.join(bad[1:])}" if len(bad) > 1 else ""
+        raise ConfigError(
+            f"{bad[0]}: not a key the verl backend reads{did_you_mean(bad[0], known)}{more}. "
+            "Every key must do something: remove it or fix its name (docs/training.md#configuration)"
+        )
+
+
 def load_backend_config(cfg: DictConfig) -> VerlBackendConfig:
     source = OmegaConf.select(cfg, "actor_rollout_ref.actor.old_log_prob_source", default="rollout")
     cap = OmegaConf.select(cfg, "actor_rollout_ref.actor.tis_imp_ratio_cap", default=-1.0)
@@ -144,17 +201,23 @@ def load_backend_config(cfg: DictConfig) -> VerlBackendConfig:
 
 
 def _check_loss(cfg: DictConfig) -> None:
+    from verl.trainer.ppo import core_algos
+
     actor = "actor_rollout_ref.actor"
     mode = OmegaConf.select(cfg, f"{actor}.policy_loss.loss_mode")
-    if mode != PER_ROLLOUT_MEAN:
+    if mode not in WEIGHTED_LOSSES:
         raise ConfigError(
-            f"{actor}.policy_loss.loss_mode must be {PER_ROLLOUT_MEAN} with the verl backend, got {mode!r}: "
-            "it is the loss that reads the trainer core's per-rollout weights"
+            f"{actor}.policy_loss.loss_mode must be vanilla, gspo or cispo with the verl backend, got {mode!r}: "
+            "each is verl's own loss fed the trainer core's loss weights"
         )
-    agg = OmegaConf.select(cfg, f"{actor}.loss_agg_mode")
-    if agg != LOSS_AGG_MODE:
+    if WEIGHTED_LOSSES[mode] not in core_algos.POLICY_LOSS_REGISTRY:
+        raise ConfigError(f"{actor}.policy_loss.loss_mode={mode}: this verl has no {mode!r} policy loss")
+    correction = OmegaConf.select(cfg, "algorithm.rollout_correction", default=None)
+    if isinstance(correction, DictConfig) and (correction.get("rollout_is") or correction.get("rollout_rs")):
         raise ConfigError(
-            f"{actor}.loss_agg_mode must be {LOSS_AGG_MODE} with {PER_ROLLOUT_MEAN}, got {agg!r}"
+            "algorithm.rollout_correction (rollout_is / rollout_rs) is not supported by the verl backend yet: "
+            "verl's rollout_is_weights carry the trainer core's loss weights there. Use "
+            f"{actor}.tis_imp_ratio_cap with old_log_prob_source=recompute, or the torch backend"
         )
     if OmegaConf.select(cfg, f"{actor}.use_kl_loss"):
         raise ConfigError(
@@ -176,6 +239,7 @@ def validate(cfg: DictConfig) -> tuple[CoreConfig, VerlBackendConfig, DictConfig
     from verl.utils.config import validate_config
 
     core = load_core_config(cfg)
+    check_verl_keys(cfg)
     _check_loss(cfg)
     ours = load_backend_config(cfg)
     if not OmegaConf.select(cfg, "actor_rollout_ref.model.path", default=None):

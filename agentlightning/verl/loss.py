@@ -59,10 +59,59 @@ def per_rollout_mean_loss(
     )
 
 
+# `actor_rollout_ref.actor.policy_loss.loss_mode` as users write it (the torch backend's names)
+# -> the loss registered with verl. `per_rollout_mean` is the older spelling of `vanilla`.
+WEIGHTED_LOSSES = {
+    "vanilla": PER_ROLLOUT_MEAN,
+    PER_ROLLOUT_MEAN: PER_ROLLOUT_MEAN,
+    "gspo": "per_rollout_gspo",
+    "cispo": "per_rollout_cispo",
+}
+
+
+def _weighted(verl_mode: str) -> Any:
+    """verl's own `verl_mode` loss, fed the core's weights in `rollout_is_weights`, token-sum."""
+
+    def loss(
+        old_log_prob: torch.Tensor,
+        log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        loss_agg_mode: str = LOSS_AGG_MODE,
+        config: Any = None,
+        rollout_is_weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        if rollout_is_weights is None or loss_agg_mode != LOSS_AGG_MODE:
+            raise ValueError(f"policy loss per_rollout_{verl_mode} needs the core's weights and token-sum")
+        return core_algos.get_policy_loss_fn(verl_mode)(
+            old_log_prob=old_log_prob,
+            log_prob=log_prob,
+            advantages=advantages,
+            response_mask=response_mask,
+            loss_agg_mode=LOSS_AGG_MODE,
+            config=config,
+            rollout_is_weights=rollout_is_weights,
+        )
+
+    loss.__name__ = f"per_rollout_{verl_mode}_loss"
+    return loss
+
+
+_REGISTERED: dict[str, Any] = {}
+
+
 def register() -> None:
-    """Register the loss with verl under `per_rollout_mean` (idempotent; the Ray worker hook)."""
+    """Register the losses with verl: `per_rollout_mean`, and `per_rollout_gspo` / `_cispo` where
+    this verl has `gspo` / `cispo` (idempotent; the Ray worker hook)."""
     if core_algos.POLICY_LOSS_REGISTRY.get(PER_ROLLOUT_MEAN) is not per_rollout_mean_loss:
         core_algos.register_policy_loss(PER_ROLLOUT_MEAN)(per_rollout_mean_loss)
+    for mode in ("gspo", "cispo"):
+        name = WEIGHTED_LOSSES[mode]
+        if mode not in core_algos.POLICY_LOSS_REGISTRY:
+            continue
+        fn = _REGISTERED.setdefault(name, _weighted(mode))
+        if core_algos.POLICY_LOSS_REGISTRY.get(name) is not fn:
+            core_algos.register_policy_loss(name)(fn)
 
 
 register()
