@@ -16,7 +16,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from agentlightning.trainer.collected import CollectedRollout
+from agentlightning.trainer.config import StalePolicy
 from agentlightning.trainer.manager import Group, RolloutManager
+from agentlightning.trainer.staleness import split_stale_groups
 
 # next_samples(k): the next k prompts of the training data (fewer only when it is exhausted)
 SampleSource = Callable[[int], Sequence[Any]]
@@ -70,21 +72,36 @@ class AsyncCollector:
         config = self.manager.config
         n_prev_carry = sum(len(g.rollout_ids) for g in self._in_flight.values())
         n_prev_groups = len(self._in_flight)
-        need = config.agl.async_rollout.async_train_batch_size - len(self._in_flight)
-        if need > 0:
-            samples = next_samples(need)
-            if samples:
-                for group in self.manager.submit(samples, step):
-                    self._in_flight[group.group_id] = group
-        target = min(config.train_batch_size, len(self._in_flight))
-        self.manager.wait(lambda: len(self._complete()) >= target)
-        complete = self._complete()
-        seq = self.manager.finish_seq
-        complete.sort(key=lambda g: max(seq(r) for r in g.rollout_ids))
-        taken = complete[: config.train_batch_size]
-        for group in taken:
-            del self._in_flight[group.group_id]
-        rollouts = self.manager.take(r for g in taken for r in g.rollout_ids)
+        wait_fresh = config.agl.max_staleness is not None and config.agl.stale_policy == StalePolicy.WAIT
+        taken: list[Group] = []
+        rollouts: list[CollectedRollout] = []
+        n_stale_groups = n_stale_rollouts = 0
+        while len(taken) < config.train_batch_size:
+            need = config.agl.async_rollout.async_train_batch_size - len(self._in_flight)
+            if need > 0:
+                samples = next_samples(need)
+                if samples:
+                    for group in self.manager.submit(samples, step):
+                        self._in_flight[group.group_id] = group
+            target = min(config.train_batch_size - len(taken), len(self._in_flight))
+            if target <= 0:
+                break  # the data are exhausted
+            self.manager.wait(lambda target=target: len(self._complete()) >= target)
+            complete = self._complete()
+            seq = self.manager.finish_seq
+            complete.sort(key=lambda g: max(seq(r) for r in g.rollout_ids))
+            batch = complete[:target]
+            for group in batch:
+                del self._in_flight[group.group_id]
+            got = self.manager.take(r for g in batch for r in g.rollout_ids)
+            if wait_fresh:  # stale groups are discarded here and fresher ones awaited instead
+                got, stale = split_stale_groups(got, self.manager.policy_version, config.agl.max_staleness)
+                stale_ids = {r.group_id for r in stale}
+                n_stale_groups += len(stale_ids)
+                n_stale_rollouts += len(stale)
+                batch = [g for g in batch if g.group_id not in stale_ids]
+            taken += batch
+            rollouts += got
         carried = list(self._in_flight.values())
         taken_ages = [step - g.step for g in taken]
         metrics: dict[str, float] = {
@@ -100,6 +117,9 @@ class AsyncCollector:
             else 0.0,
             "timing/collect_s": time.perf_counter() - started,
         }
+        if wait_fresh:
+            metrics["training/staleness/n_groups_discarded_waiting"] = n_stale_groups
+            metrics["training/staleness/n_rollouts_discarded_waiting"] = n_stale_rollouts
         return rollouts, metrics
 
     def abandon(self) -> int:

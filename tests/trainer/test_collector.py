@@ -180,3 +180,62 @@ def test_async_carry_over_keeps_groups_whole(seed, train_batch, extra, n):
             if all(manager.is_done(r) for r in g.rollout_ids):
                 assert max(manager.finish_seq(r) for r in g.rollout_ids) > max(completed_at.values())
         assert metrics["training/async/n_new_carry_over_rollouts"] == extra * n
+
+
+class _VersionedManager(_FakeManager):
+    """Each rollout's one call is served by the policy version current when its group was made."""
+
+    def __init__(self, config, order_seed: int) -> None:
+        super().__init__(config, order_seed)
+        self.policy_version = 0
+        self._version: dict[str, int] = {}
+
+    def submit(self, samples, step):
+        groups = super().submit(samples, step)
+        for g in groups:
+            for rid in g.rollout_ids:
+                self._version[rid] = self.policy_version
+        return groups
+
+    def take(self, ids):
+        from agentlightning.trainer.collected import CollectedRollout
+        from tests.trainer.scripts import call_event
+
+        return [
+            CollectedRollout(
+                rid,
+                rid.rsplit("-", 1)[0],
+                RolloutState.SUCCEEDED,
+                [call_event([1], [2], [0.0], self._version[rid])],
+            )
+            for rid in super().take(ids)
+        ]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(0, 10**6))
+def test_stale_policy_wait_discards_stale_groups_and_waits_for_fresh_ones(seed):
+    cfg = load_core_config(
+        {
+            "data": {"train_batch_size": 2},
+            "actor_rollout_ref": {"rollout": {"n": 2}},
+            "agentlightning": {
+                "max_staleness": 2,
+                "stale_policy": "wait",
+                "async_rollout": {"enabled": True, "async_train_batch_size": 4},
+            },
+        }
+    )
+    manager = _VersionedManager(cfg, seed)
+    collector = AsyncCollector(manager)  # type: ignore[arg-type]
+    collector.collect(lambda k: [{}] * k, 0)  # 4 groups made at version 0, 2 handed out, 2 carried
+    manager.policy_version = 3  # the carried groups are now 3 versions behind: too stale
+    rollouts, metrics = collector.collect(lambda k: [{}] * k, 1)
+    assert len({r.group_id for r in rollouts}) == 2 and len(rollouts) == 4  # a full batch, whole groups
+    assert all(manager._version[r.rollout_id] == 3 for r in rollouts)  # only fresh groups
+    carried_stale = sum(1 for g in collector.in_flight if manager._version[g.rollout_ids[0]] == 0)
+    assert metrics["training/staleness/n_groups_discarded_waiting"] + carried_stale == 2
+    assert (
+        metrics["training/staleness/n_rollouts_discarded_waiting"]
+        == 2 * metrics["training/staleness/n_groups_discarded_waiting"]
+    )
