@@ -26,15 +26,22 @@ from openai import AsyncOpenAI
 from agentlightning.demo.task import TOOL_NAME, TOOLS, calculator, reward
 
 MAX_TURNS = 3
+STEP_CREDIT = 0.5  # with STEP_REWARD set: the reward of the call whose tool call computed the answer
 MAX_TOKENS = 96
 
 
 async def solve(
-    client: Any, question: str, model: str = "policy", max_turns: int = MAX_TURNS, **create_kwargs: Any
+    client: Any,
+    question: str,
+    model: str = "policy",
+    max_turns: int = MAX_TURNS,
+    tool_results: list[tuple[int, str]] | None = None,
+    **create_kwargs: Any,
 ) -> str | None:
-    """Run the tool loop with an `openai.AsyncOpenAI` client; return the final answer text."""
+    """Run the tool loop with an `openai.AsyncOpenAI` client; return the final answer text.
+    `tool_results` collects `(call index, tool output)` of every tool the model called."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": question}]
-    for _ in range(max_turns):
+    for turn in range(max_turns):
         response = await client.chat.completions.create(
             model=model, messages=messages, tools=TOOLS, max_tokens=MAX_TOKENS, **create_kwargs
         )
@@ -57,7 +64,10 @@ async def solve(
             }
         )
         for call in calls:
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": run_tool(call.function)})
+            output = run_tool(call.function)
+            if tool_results is not None:
+                tool_results.append((turn, output))
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
     return None
 
 
@@ -86,25 +96,43 @@ class CalcAgent:
         expected = int(os.environ["ANSWER"])
         # Generous retries: the Gateway answers 429 + Retry-After while the trainer swaps weights.
         client = AsyncOpenAI(base_url=base_url, api_key=key or "unused", max_retries=20, timeout=300.0)
+        tools: list[tuple[int, str]] = []
         try:
-            answer = await solve(client, question, model=os.environ.get("AGL_MODEL", "policy"))
+            answer = await solve(
+                client, question, model=os.environ.get("AGL_MODEL", "policy"), tool_results=tools
+            )
         finally:
             await client.close()
         value = reward(answer, expected)
+        bodies = []
+        if os.environ.get("STEP_REWARD"):  # the per-step variant: partial credit for the right tool call
+            bodies += [
+                {
+                    "event_type": "reward",
+                    "data": {"value": STEP_CREDIT, "call_index": turn, "source": "demo-step"},
+                }
+                for turn, output in tools
+                if output == str(expected)
+            ][:1]
+        bodies.append(
+            {"event_type": "reward", "data": {"value": value, "source": "demo", "reason": answer or ""}}
+        )
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        body = {"event_type": "reward", "data": {"value": value, "source": "demo", "reason": answer or ""}}
         async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
-            for attempt in range(5):
-                try:
-                    (
-                        await http.post(os.environ["AGL_EVENT_URL"], json=body, headers=headers)
-                    ).raise_for_status()
-                    break
-                except httpx.HTTPError:
-                    if attempt == 4:
-                        raise
-                    await asyncio.sleep(0.5 * 2**attempt)
+            for body in bodies:
+                await _post(http, body, headers)
         return value
+
+
+async def _post(http: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str]) -> None:
+    for attempt in range(5):
+        try:
+            (await http.post(os.environ["AGL_EVENT_URL"], json=body, headers=headers)).raise_for_status()
+            return
+        except httpx.HTTPError:
+            if attempt == 4:
+                raise
+            await asyncio.sleep(0.5 * 2**attempt)
 
 
 if __name__ == "__main__":

@@ -113,6 +113,9 @@ class Demo:
 
         train = make_dataset(int(self.cfg.train_problems), seed=self.seed, prefix="t")
         val = make_dataset(int(self.cfg.val_problems), seed=10_000 + self.seed, prefix="v")
+        if self.cfg.step_reward:  # the agent gives partial credit to the call with the right tool call
+            train = [{**sample, "step_reward": "1"} for sample in train]
+            val = [{**sample, "step_reward": ""} for sample in val]  # validation: the outcome only
         paths = []
         for name, samples in (("train", train), ("val", val)):
             path = self.run_dir / f"{name}.jsonl"
@@ -139,7 +142,12 @@ class Demo:
                 "agl_key": self.key,
                 "model_name": "policy",
                 "seed": self.seed,
-                "local": {"agent_class": AGENT_CLASS, "env_map": ENV_MAP},
+                "local": {
+                    "agent_class": AGENT_CLASS,
+                    "env_map": {**ENV_MAP, "STEP_REWARD": "input.step_reward"}
+                    if self.cfg.step_reward
+                    else ENV_MAP,
+                },
             },
         }
         demo_block = OmegaConf.to_container(self.cfg.train)

@@ -102,7 +102,7 @@ def model_request_triplet(data: dict[str, Any]) -> dict[str, Any]:
 
 def reward_triplet(data: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"value": data.get("value")}
-    for key in ("source", "reason"):
+    for key in ("source", "reason", "call_index"):  # call_index: a reward for one call (optional)
         if data.get(key) is not None:
             out[key] = data[key]
     return out

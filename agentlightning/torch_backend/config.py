@@ -202,7 +202,6 @@ VERL_ENGINE_KEYS: dict[str, str] = {
 # Keys of verl's algorithm that the torch backend implements at one value only.
 TORCH_FIXED_KEYS: dict[str, tuple[Any, ...]] = {
     "algorithm.use_kl_in_reward": (False,),  # the KL term is actor.use_kl_loss
-    "algorithm.gamma": (1.0, 1),  # rollout-level rewards: discounting has nothing to discount
     "algorithm.lam": (1.0, 1),  # GAE's λ: no critic
     "critic.enable": (False, None),
 }

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 LOSS_MODES = ("vanilla", "gspo", "cispo")
+V1_LOSS_MODE = "per_rollout_mean"  # v1.0's name of its loss: the vanilla loss on the core's weights
 IS_LEVELS = (None, "token", "sequence")
 RS_LEVELS = (None, "sequence", "geometric")
 
@@ -53,6 +54,8 @@ def token_policy_loss(
     """The per-token loss of `mode` and per-token indicators (`clipped`, `clipped_lower`,
     `approx_kl`, `ratio`) for metrics."""
     log_ratio = (logp - old_logp).clamp(-20.0, 20.0)
+    if mode == V1_LOSS_MODE:
+        mode = "vanilla"
     if mode == "gspo":
         seq_log_ratio = _row_mean(log_ratio, mask).detach().unsqueeze(-1)
         ratio = torch.exp((logp - logp.detach() + seq_log_ratio).clamp(max=10.0))

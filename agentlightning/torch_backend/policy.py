@@ -41,6 +41,7 @@ from agentlightning.log import get_logger
 from agentlightning.torch_backend import hf_compat
 from agentlightning.torch_backend.losses import (
     LOSS_MODES,
+    V1_LOSS_MODE,
     RolloutCorrection,
     health_stats,
     rollout_correction_weights,
@@ -107,6 +108,9 @@ class ActorConfig:
         return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
 
     def validate(self) -> None:
+        if self.policy_loss.loss_mode == V1_LOSS_MODE:
+            log.warning("v1_config_key_value_read_as", key="actor.policy_loss.loss_mode", read_as="vanilla")
+            self.policy_loss.loss_mode = "vanilla"
         if self.policy_loss.loss_mode not in LOSS_MODES:
             raise ValueError(
                 f"actor.policy_loss.loss_mode must be one of {', '.join(LOSS_MODES)} with the torch backend, "

@@ -93,3 +93,39 @@ def assign_advantages(rows: Iterable[TrainingRow], advantages: Mapping[str, floa
     """Broadcast each rollout's advantage to all of its rows."""
     for row in rows:
         row.advantage = advantages[row.rollout_id]
+
+
+# --- step advantages (agentlightning.advantage_mode: step) ----------------------------------
+
+
+def step_returns(rewards: Sequence[float], outcome: float, gamma: float = 1.0) -> list[float]:
+    """Per-call discounted returns `G_k = Σ_{j≥k} γ^(j−k) r̃_j`, with r̃_j the reward of call j
+    plus, on the last call, the rollout's outcome reward."""
+    out = [0.0] * len(rewards)
+    running = 0.0
+    for k in range(len(rewards) - 1, -1, -1):
+        r = rewards[k] + (outcome if k == len(rewards) - 1 else 0.0)
+        running = r + gamma * running
+        out[k] = running
+    return out
+
+
+def step_advantages(
+    members: Iterable[tuple[str, str, Sequence[float]]],
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> dict[tuple[str, int], float]:
+    """`(rollout_id, k) -> advantage` for `(rollout_id, group_id, returns)`: each call's return is
+    normalised against the returns at the same step position k of the other rollouts of its
+    group (GRPO per step position; rollouts with fewer calls take no part at k)."""
+    by_position: dict[tuple[str, int], list[tuple[str, float]]] = {}
+    for rollout_id, group_id, returns in members:
+        for k, g in enumerate(returns):
+            by_position.setdefault((group_id, k), []).append((rollout_id, g))
+    out: dict[tuple[str, int], float] = {}
+    estimator = AdvEstimator.GRPO if norm_by_std else AdvEstimator.MEAN
+    for (_, k), entries in by_position.items():
+        advs = group_advantages([g for _, g in entries], estimator, norm_by_std, eps)
+        for (rollout_id, _), adv in zip(entries, advs, strict=True):
+            out[(rollout_id, k)] = adv
+    return out

@@ -34,6 +34,7 @@ class Call:
     log_probs: list[float] | None
     version: int
     routes: Any = None  # MoE routes (R3) as the Gateway recorded them (`routed_experts`), if any
+    index: int = -1  # position among the rollout's recorded calls (what a reward's call_index names)
 
 
 @dataclass(slots=True)
@@ -58,9 +59,11 @@ class AggregationStats:
 def usable_calls(events: Iterable[dict[str, Any]], stats: AggregationStats) -> list[Call]:
     """The model calls of a rollout that can be trained on, in order; counts the others."""
     calls: list[Call] = []
+    recorded = -1
     for event in events:
         if event.get("event_type") != EVENT_MODEL_REQUEST:
             continue
+        recorded += 1
         data = event.get("data")
         if not isinstance(data, dict):
             stats.n_calls_no_tokens += 1
@@ -84,7 +87,7 @@ def usable_calls(events: Iterable[dict[str, Any]], stats: AggregationStats) -> l
         version = server.get("version") if isinstance(server, dict) else None
         if not isinstance(version, int) or isinstance(version, bool):
             version = CONTEXT_VERSION
-        calls.append(Call(prompt, response, log_probs, version, data.get("routed_experts")))
+        calls.append(Call(prompt, response, log_probs, version, data.get("routed_experts"), recorded))
     stats.n_calls += len(calls)
     return calls
 

@@ -21,10 +21,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from agentlightning.log import get_logger
-from agentlightning.trainer.advantage import assign_advantages, rollout_advantages
+from agentlightning.trainer.advantage import (
+    assign_advantages,
+    rollout_advantages,
+    step_advantages,
+    step_returns,
+)
 from agentlightning.trainer.aggregation import AggregationStats, RowLimits, aggregate_calls, usable_calls
 from agentlightning.trainer.collected import CollectedRollout
-from agentlightning.trainer.config import CoreConfig, FailedRolloutPolicy
+from agentlightning.trainer.config import AdvantageMode, CoreConfig, FailedRolloutPolicy
 from agentlightning.trainer.gcpause import gc_paused
 from agentlightning.trainer.metrics import (
     aggregation_metrics,
@@ -32,7 +37,7 @@ from agentlightning.trainer.metrics import (
     shaping_metrics,
     staleness_metrics,
 )
-from agentlightning.trainer.rewards import last_reward
+from agentlightning.trainer.rewards import call_rewards, last_reward
 from agentlightning.trainer.rows import TrainingRow
 from agentlightning.trainer.shaping import group_rows, shape_batch, split_minibatches
 from agentlightning.trainer.staleness import split_stale_groups
@@ -108,6 +113,9 @@ def _build(
     members: list[tuple[str, str, float]] = []
     rewards: list[float] = []
     n_with_reward = 0
+    step_mode = agl.advantage_mode == AdvantageMode.STEP
+    step_members: list[tuple[str, str, list[float]]] = []
+    n_call_rewards = n_call_rewards_unmatched = 0
     for rollout in accepted:
         reward = last_reward(rollout.events)
         if reward is not None:
@@ -118,14 +126,31 @@ def _build(
         calls = usable_calls(rollout.events, stats)
         if calls:
             members.append((rollout.rollout_id, rollout.group_id, reward))
-        rows.extend(
-            aggregate_calls(calls, rollout.rollout_id, rollout.group_id, reward, level, limits, stats)
+        rollout_rows = aggregate_calls(
+            calls, rollout.rollout_id, rollout.group_id, reward, level, limits, stats
         )
+        per_call = call_rewards(rollout.events)
+        usable = [per_call.get(c.index, 0.0) for c in calls]
+        if per_call:
+            n_call_rewards += len(per_call)
+            n_call_rewards_unmatched += len(set(per_call) - {c.index for c in calls})
+            for row in rollout_rows:  # kept per row (and segment): the rewards of its calls
+                row.call_rewards = usable[row.turn_index : row.turn_index + row.n_calls]
+        if step_mode and calls:
+            step_members.append(
+                (rollout.rollout_id, rollout.group_id, step_returns(usable, reward, config.gamma))
+            )
+        rows.extend(rollout_rows)
 
-    advantages = rollout_advantages(
-        members, config.adv_estimator, config.norm_adv_by_std_in_grpo, agl.adv_epsilon
-    )
-    assign_advantages(rows, advantages)
+    if step_mode:
+        by_step = step_advantages(step_members, config.norm_adv_by_std_in_grpo, agl.adv_epsilon)
+        for row in rows:  # transition rows: one call each
+            row.advantage = by_step[(row.rollout_id, row.turn_index)]
+    else:
+        advantages = rollout_advantages(
+            members, config.adv_estimator, config.norm_adv_by_std_in_grpo, agl.adv_epsilon
+        )
+        assign_advantages(rows, advantages)
     n_filtered_groups = n_filtered_rows = n_surplus_groups = 0
     if config.filter_groups:  # DAPO's dynamic sampling: all-equal groups carry no signal
         no_signal = {g for g, members in group_rows(rows).items() if len({r.reward for r in members}) == 1}
@@ -158,6 +183,8 @@ def _build(
         "training/n_groups_filtered/same_reward": n_filtered_groups,
         "training/n_sample_filtered/same_reward": n_filtered_rows,
         "training/n_groups_filtered/surplus": n_surplus_groups,
+        "training/n_call_rewards": n_call_rewards,
+        "training/n_call_rewards_unmatched": n_call_rewards_unmatched,
     }
     metrics.update(aggregation_metrics(stats))
     metrics.update(shaping_metrics(shape_stats))
@@ -184,6 +211,7 @@ _LEFT_OUT = {
     "training/n_rollouts_dropped_failed": "rollouts_failed_dropped",
     "training/staleness/n_groups_dropped": "groups_too_stale_dropped",
     "training/n_sample_dropped/marked": "rows_prompt_too_long",
+    "training/n_call_rewards_unmatched": "call_rewards_naming_no_trainable_call",
 }
 
 

@@ -19,6 +19,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from agentlightning.log import get_logger
+
+log = get_logger("trainer_config")
+
 
 class ConfigError(ValueError):
     """A bad trainer setting. The message names the key and what is wrong with it."""
@@ -44,6 +48,14 @@ class LossAggMode(StrEnum):
     TOKEN_MEAN = "token-mean"  # every trainable token of the mini-batch weighs the same (DAPO)
     SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"  # token sums, averaged over rollouts
     SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"  # token sums / a constant length (Dr.GRPO)
+
+
+V1_LOSS_AGG_MODE = "token-sum"  # what v1.0 configs set with its per_rollout_mean loss
+
+
+class AdvantageMode(StrEnum):
+    ROLLOUT = "rollout"  # one advantage per rollout, from its group's rewards
+    STEP = "step"  # one per call: discounted per-call returns, normalised per step position
 
 
 class StalePolicy(StrEnum):
@@ -111,6 +123,7 @@ class AgentLightningConfig:
     # many policy versions ago is handled by `stale_policy` (whole groups: no lone survivors).
     max_staleness: int | None = None
     stale_policy: str = StalePolicy.DROP.value  # checked into a StalePolicy
+    advantage_mode: str = AdvantageMode.ROLLOUT.value  # checked into an AdvantageMode
 
 
 # --- the resolved settings ------------------------------------------------------------------
@@ -133,6 +146,7 @@ class CoreConfig:
     loss_scale_factor: int | None = None  # actor_rollout_ref.actor.loss_scale_factor (sum-norm's length)
     filter_groups: bool = False  # algorithm.filter_groups.enable: DAPO's dynamic sampling
     filter_groups_max_batches: int = 0  # algorithm.filter_groups.max_num_gen_batches; 0: no limit
+    gamma: float = 1.0  # algorithm.gamma: the discount of per-call rewards (advantage_mode=step)
 
     @property
     def prompt_limit(self) -> int | None:
@@ -174,6 +188,7 @@ VERL_KEYS: dict[str, tuple[str, Any]] = {
     "actor_rollout_ref.actor.loss_scale_factor": ("loss_scale_factor", None),
     "algorithm.filter_groups.enable": ("filter_groups", False),
     "algorithm.filter_groups.max_num_gen_batches": ("filter_groups_max_batches", 0),
+    "algorithm.gamma": ("gamma", 1.0),
 }
 # Keys of verl's that the core accepts only at the one value it implements (verl's default).
 FIXED_VERL_KEYS: dict[str, Any] = {
@@ -229,6 +244,7 @@ def _check_agl(agl: AgentLightningConfig) -> None:
     )
     agl.failed_rollouts = _choice("agentlightning.failed_rollouts", agl.failed_rollouts, FailedRolloutPolicy)
     agl.stale_policy = _choice("agentlightning.stale_policy", agl.stale_policy, StalePolicy)
+    agl.advantage_mode = _choice("agentlightning.advantage_mode", agl.advantage_mode, AdvantageMode)
     _int("agentlightning.max_staleness", agl.max_staleness, 0, allow_none=True)
 
     def positive(key: str, value: float) -> None:
@@ -300,6 +316,15 @@ def load_core_config(
         name = VERL_KEYS[key][0]
         values[name] = _int(key, values[name], 1, allow_none=True)
     values["adv_estimator"] = _choice("algorithm.adv_estimator", values["adv_estimator"], AdvEstimator)
+    if values["loss_agg_mode"] == V1_LOSS_AGG_MODE:
+        # v1.0's per_rollout_mean loss needed verl's token-sum over its weights: the per-rollout mean
+        log.warning(
+            "v1_config_key_value_read_as",
+            key="actor_rollout_ref.actor.loss_agg_mode",
+            value=V1_LOSS_AGG_MODE,
+            read_as=LossAggMode.SEQ_MEAN_TOKEN_MEAN.value,
+        )
+        values["loss_agg_mode"] = LossAggMode.SEQ_MEAN_TOKEN_MEAN.value
     values["loss_agg_mode"] = _choice(
         "actor_rollout_ref.actor.loss_agg_mode", values["loss_agg_mode"], LossAggMode
     )
@@ -328,6 +353,26 @@ def load_core_config(
             raise ConfigError(
                 f"{key}: the trainer core implements {allowed[0]!r} (a group's rewards), got {value!r}"
             )
+    gamma = values["gamma"]
+    if isinstance(gamma, bool) or not isinstance(gamma, int | float) or not 0 < gamma <= 1:
+        raise ConfigError(f"algorithm.gamma must be a number in (0, 1], got {gamma!r}")
+    values["gamma"] = float(gamma)
+    if agl.advantage_mode == AdvantageMode.STEP:
+        if agl.trace_aggregator.level != AggregationLevel.TRANSITION:
+            raise ConfigError(
+                "agentlightning.advantage_mode=step gives every call its own advantage: it needs "
+                "agentlightning.trace_aggregator.level=transition (one row per call)"
+            )
+        if values["adv_estimator"] not in (AdvEstimator.GRPO, AdvEstimator.MEAN):
+            raise ConfigError(
+                "agentlightning.advantage_mode=step normalises per step position as grpo or mean do; "
+                f"algorithm.adv_estimator={values['adv_estimator'].value} has no step form"
+            )
+    elif values["gamma"] != 1.0:
+        raise ConfigError(
+            "algorithm.gamma discounts per-call rewards: it needs agentlightning.advantage_mode=step "
+            "(a rollout-level advantage has nothing to discount)"
+        )
     if (
         agl.stale_policy == StalePolicy.WAIT
         and agl.max_staleness is not None

@@ -34,12 +34,38 @@ def reward_value(data: Any) -> float | None:
         return None
 
 
+def call_index(data: Any) -> int | None:
+    """The call a reward event names (`data.call_index`, 0-based among the rollout's recorded
+    calls), None for a reward of the whole rollout."""
+    index = data.get("call_index") if isinstance(data, dict) else None
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        return None
+    return index
+
+
 def last_reward(events: Iterable[dict[str, Any]]) -> float | None:
-    """The value of the last `reward` event that carries a usable number, None when there is none."""
+    """The value of the last rollout `reward` event (one naming no call) that carries a usable
+    number, None when there is none."""
     found: float | None = None
     for event in events:
         if event.get("event_type") == EVENT_REWARD:
-            value = reward_value(event.get("data"))
+            data = event.get("data")
+            if isinstance(data, dict) and "call_index" in data:
+                continue  # a reward for one call, not for the rollout
+            value = reward_value(data)
             if value is not None:
                 found = value
     return found
+
+
+def call_rewards(events: Iterable[dict[str, Any]]) -> dict[int, float]:
+    """`call_index -> value` of the reward events that name a call (the last one per call)."""
+    out: dict[int, float] = {}
+    for event in events:
+        if event.get("event_type") == EVENT_REWARD:
+            data = event.get("data")
+            index = call_index(data)
+            value = reward_value(data)
+            if index is not None and value is not None:
+                out[index] = value
+    return out

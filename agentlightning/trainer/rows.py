@@ -40,6 +40,9 @@ class TrainingRow:
     # [tokens, layers, top-k] over prompt + response, the last token's possibly missing. The
     # verl backend decodes and aligns them (verl/batch.py); None when not recorded.
     routed_experts: Any = None
+    # The rewards of the row's calls (reward events naming a call), one per merged call, 0.0 for a
+    # call without one; None when the rollout had no per-call reward.
+    call_rewards: list[float] | None = None
 
     @property
     def n_trainable(self) -> int:

@@ -36,6 +36,7 @@ _TRAIN_YAML = Path(__file__).resolve().parent.parent / "config" / "train.yaml"  
 OUR_KEYS = (
     "actor_rollout_ref.actor.old_log_prob_source",
     "actor_rollout_ref.actor.tis_imp_ratio_cap",
+    "actor_rollout_ref.actor.loss_scale_factor",  # the core's loss weights carry it
 )
 
 
@@ -67,12 +68,6 @@ def compose_config(
         base = OmegaConf.merge(base, user if isinstance(user, DictConfig) else OmegaConf.create(dict(user)))
     if overrides:
         base = OmegaConf.merge(base, OmegaConf.from_dotlist(list(overrides)))
-    actor = OmegaConf.select(base, "actor_rollout_ref.actor")
-    if isinstance(actor, DictConfig) and actor.get("loss_agg_mode") == LOSS_AGG_MODE:
-        # The older spelling (verl's own view): token-sum over the core's weights is the default,
-        # the per-rollout mean. The key now names the aggregation the weights make.
-        log.info("loss_agg_mode_token_sum_read_as", loss_agg_mode="seq-mean-token-mean")
-        actor.loss_agg_mode = "seq-mean-token-mean"
     return base  # type: ignore[return-value]
 
 

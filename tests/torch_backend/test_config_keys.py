@@ -170,3 +170,8 @@ def test_rollout_correction_without_recomputed_old_log_probs_fails() -> None:
     cfg = _with(_train_yaml(), "actor_rollout_ref.actor.tis_imp_ratio_cap", 2.0)
     with pytest.raises(ValueError, match="old_log_prob_source=recompute"):
         load_torch_backend_config(cfg)
+
+
+def test_v1_loss_mode_per_rollout_mean_is_the_vanilla_loss() -> None:
+    cfg = _with(_train_yaml(), "actor_rollout_ref.actor.policy_loss.loss_mode", "per_rollout_mean")
+    assert load_torch_backend_config(cfg).actor.policy_loss.loss_mode == "vanilla"

@@ -162,7 +162,7 @@ def test_max_staleness_drops_whole_groups_counted() -> None:
 @pytest.mark.parametrize(
     ("key", "value", "names"),
     [
-        ("actor_rollout_ref.actor.loss_agg_mode", "token-sum", "loss_agg_mode"),
+        ("actor_rollout_ref.actor.loss_agg_mode", "seq-mean-token-max", "loss_agg_mode"),
         ("actor_rollout_ref.actor.loss_agg_mode", "seq-mean-token-sum-norm", "loss_scale_factor"),
         ("algorithm.adv_estimator", "reinforce", "adv_estimator"),
         ("algorithm.filter_groups.enable", "yes", "filter_groups.enable"),
@@ -177,3 +177,9 @@ def test_bad_algorithm_settings_fail_naming_the_key(key: str, value: object, nam
         extra["agentlightning.max_staleness"] = 2
     with pytest.raises(ConfigError, match=names.replace(".", r"\.")):
         _config(**extra)
+
+
+def test_v1_loss_agg_mode_token_sum_reads_as_the_per_rollout_mean() -> None:
+    # v1.0's per_rollout_mean loss ran verl's token-sum over the per-rollout weights
+    cfg = _config(**{"actor_rollout_ref.actor.loss_agg_mode": "token-sum"})
+    assert cfg.loss_agg_mode == "seq-mean-token-mean"

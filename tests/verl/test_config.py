@@ -65,8 +65,15 @@ def test_a_torch_backend_config_drives_the_verl_backend_too() -> None:
 @pytest.mark.parametrize(
     ("override", "names"),
     [
-        ("actor_rollout_ref.actor.policy_loss.loss_mode=vanilla", "policy_loss.loss_mode"),
-        ("actor_rollout_ref.actor.loss_agg_mode=token-mean", "loss_agg_mode"),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov", "policy_loss.loss_mode"),
+        ("actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-max", "loss_agg_mode"),
+        ("algorithm.rollout_correction.rollout_is=token", "rollout_correction"),
+        ("actor_rollout_ref.actor.clip_ratio_hgih=0.3", "clip_ratio_hgih.*verl backend.*clip_ratio_high"),
+        ("actor_rollout_ref.rollout.temprature=0.5", "temprature.*verl backend.*rollout.temperature"),
+        ("algorithm.adv_estimater=rloo", "adv_estimater.*verl backend.*adv_estimator"),
+        ("trainer.total_trainig_steps=3", "total_trainig_steps.*verl backend.*total_training_steps"),
+        ("data.train_batch_szie=4", "train_batch_szie.*verl backend.*train_batch_size"),
+        ("actor_rollout_ref.rollout.engine=vllm", "rollout.engine=.*only by the torch backend"),
         ("actor_rollout_ref.actor.use_kl_loss=true", "use_kl_loss"),
         ("actor_rollout_ref.actor.entropy_coeff=0.01", "entropy_coeff"),
         ("actor_rollout_ref.rollout.name=sglang", "rollout.name"),
@@ -78,7 +85,7 @@ def test_a_torch_backend_config_drives_the_verl_backend_too() -> None:
 )
 def test_bad_settings_fail_naming_the_key(override: str, names: str) -> None:
     cfg = compose_config(overrides=[MODEL, override])
-    with pytest.raises(ConfigError, match=names.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=names.replace(".", r"\.").replace(r"\.*", ".*")):
         validate(cfg)
 
 
@@ -113,3 +120,33 @@ def test_router_replay_mode_is_read_where_verl_reads_it(base: object) -> None:
             ]
         )
         assert router_replay_mode(verl_view(cfg)) == "R3"
+
+
+@pytest.mark.parametrize(
+    ("mode", "registered"),
+    [("vanilla", "per_rollout_mean"), ("per_rollout_mean", "per_rollout_mean"), ("gspo", "per_rollout_gspo")],
+)
+def test_the_loss_mode_maps_to_verls_loss_fed_the_core_weights(mode: str, registered: str) -> None:
+    cfg = compose_config(overrides=[MODEL, f"actor_rollout_ref.actor.policy_loss.loss_mode={mode}"])
+    _, _, view = validate(cfg)
+    assert view.actor_rollout_ref.actor.policy_loss.loss_mode == registered
+    assert view.actor_rollout_ref.actor.loss_agg_mode == "token-sum"
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+def test_loss_agg_modes_are_the_core_weights_and_verl_sums_them(agg: str) -> None:
+    cfg = compose_config(overrides=[MODEL, f"actor_rollout_ref.actor.loss_agg_mode={agg}"])
+    core, _, view = validate(cfg)
+    assert core.loss_agg_mode == agg
+    assert view.actor_rollout_ref.actor.loss_agg_mode == "token-sum"
+
+
+@pytest.mark.parametrize("shipped", ["train", "demo"])
+def test_every_key_of_the_torch_configs_is_read_or_at_its_torch_default(shipped: str) -> None:
+    """agl-train's and agl-demo's configs drive the verl backend: verl reads each key, or the key
+    is the torch backend's at its default (it asks for nothing); any other value fails."""
+    torch_cfg = OmegaConf.load(REPO / "agentlightning" / "config" / "train.yaml")
+    if shipped == "demo":
+        demo = OmegaConf.load(REPO / "agentlightning" / "config" / "demo.yaml")
+        torch_cfg = OmegaConf.merge(torch_cfg, demo.train)
+    validate(compose_config(torch_cfg, [MODEL, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"]))
