@@ -1,0 +1,118 @@
+"""Tables and figures of docs/training.md § Measured, from agl-demo runs (their metrics.jsonl).
+
+    python scripts/training_figures.py RUNS_DIR
+
+RUNS_DIR holds one `agl-demo output_dir=RUNS_DIR/NAME` run per name (seed 0) and `done.txt`
+with a line `NAME rc=0 wall_s=S` per finished run. Prints the algorithm table and writes
+docs/img/training_staleness.png and docs/img/training_step_rewards.png when those runs exist.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ALGORITHMS = ["grpo", "drgrpo", "dapo", "gspo", "rloo", "reinforce_pp", "cispo"]
+STALENESS = {
+    "stale_none": "no correction",
+    "stale_tis": "token TIS (C=2)",
+    "stale_mis": "sequence MIS ([0.5, 2])",
+}
+STEP = {"step_rollout": "rollout advantages", "step_step": "step advantages"}
+IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
+
+
+def records(run: Path) -> list[dict]:
+    path = run / "seed0" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def walls(runs: Path) -> dict[str, int]:
+    out = {}
+    done = runs / "done.txt"
+    for line in done.read_text().splitlines() if done.exists() else []:
+        name, rc, wall = line.split()
+        if rc == "rc=0":
+            out[name] = int(wall.removeprefix("wall_s="))
+    return out
+
+
+def summary(recs: list[dict]) -> tuple[list[tuple[int, float]], int | None, float]:
+    val = [(int(r["step"]), float(r["val/reward"])) for r in recs if "val/reward" in r]
+    first = val[0][1]
+    reached = next((step for step, v in val if v >= first + 0.3), None)
+    train_s = sum(float(r.get("timing/step_s", 0.0)) for r in recs)
+    return val, reached, train_s
+
+
+def table(runs: Path) -> None:
+    wall = walls(runs)
+    print(
+        "| algorithm | validation reward (step: reward) | final | +0.3 at step | training s | whole run s |"
+    )
+    print("|---|---|---|---|---|---|")
+    for name in ALGORITHMS + list(STALENESS) + list(STEP):
+        recs = records(runs / name)
+        if name not in wall or not recs:
+            print(f"| {name} | not run | | | | |")
+            continue
+        val, reached, train_s = summary(recs)
+        curve = ", ".join(f"{s}: {v:.3f}" for s, v in val)
+        print(
+            f"| {name} | {curve} | {val[-1][1]:.3f} | {reached if reached is not None else '—'} | "
+            f"{train_s:.0f} | {wall[name]} |"
+        )
+
+
+def plot(runs: Path, names: dict[str, str], metrics: list[tuple[str, str]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    present = {n: label for n, label in names.items() if records(runs / n)}
+    if not present:
+        return
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 3.6), dpi=110)
+    for ax, (key, ylabel) in zip(axes, metrics, strict=True):
+        for name, label in present.items():
+            pts = [(int(r["step"]), float(r[key])) for r in records(runs / name) if key in r]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), "o-" if key == "val/reward" else "-", label=label)
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="lower right")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main() -> None:
+    runs = Path(sys.argv[1])
+    table(runs)
+    plot(
+        runs,
+        STALENESS,
+        [
+            ("val/reward", "validation reward"),
+            ("training/reward", "training reward"),
+            ("actor/sampler_trainer_kl_k3", "sampler–trainer KL (k3)"),
+            ("training/staleness/max", "staleness max (versions)"),
+        ],
+        IMG / "training_staleness.png",
+        "agl-demo, async (32 groups in flight), seed 0",
+    )
+    plot(
+        runs,
+        STEP,
+        [("val/reward", "validation reward"), ("training/reward", "training reward (outcome)")],
+        IMG / "training_step_rewards.png",
+        "agl-demo step_reward=true (transition rows), seed 0",
+    )
+
+
+if __name__ == "__main__":
+    main()
