@@ -183,3 +183,25 @@ def test_v1_loss_agg_mode_token_sum_reads_as_the_per_rollout_mean() -> None:
     # v1.0's per_rollout_mean loss ran verl's token-sum over the per-rollout weights
     cfg = _config(**{"actor_rollout_ref.actor.loss_agg_mode": "token-sum"})
     assert cfg.loss_agg_mode == "seq-mean-token-mean"
+
+
+def test_what_a_step_leaves_out_is_said_once() -> None:
+    from structlog.testing import capture_logs
+
+    no_lp = CollectedRollout(
+        "g1-1",
+        "g1",
+        RolloutState.SUCCEEDED,
+        [call_event([100, 101], [1, 2], None, 0), reward_event(1.0)],
+        index_in_group=1,
+    )
+    rollouts = [_rollout("g0", 0, 1.0), _rollout("g0", 1, 0.0), _rollout("g1", 0, 1.0), no_lp]
+    with capture_logs() as logs:
+        build_training_batch(rollouts, _config(), step=3)
+    (said,) = [e for e in logs if e["event"] == "batch_left_out"]
+    assert said["step"] == 3
+    assert said["groups_all_equal_trained_with_zero_advantage"] == 1
+    assert said["calls_without_log_probs"] == 1
+    with capture_logs() as logs:
+        build_training_batch([], _config(), step=4)
+    assert [e["event"] for e in logs] == ["batch_empty_nothing_to_train"]
