@@ -151,7 +151,7 @@ class Demo:
             },
         }
         if self.cfg.trainer_backend != "torch":  # keys only the torch backend reads: verl refuses them set
-            del runtime["actor_rollout_ref"]["rollout"]  # type: ignore[attr-defined]
+            del runtime["actor_rollout_ref"]["rollout"]["engine"]  # type: ignore[index]
             del runtime["trainer"]["torch_threads"]  # type: ignore[index]
         demo_block = OmegaConf.to_container(self.cfg.train)
         OmegaConf.save(OmegaConf.merge(demo_block, runtime), self.config_path)
