@@ -70,6 +70,13 @@ class Demo:
         (self.run_dir / MARKER).touch()
 
     def warm_up(self) -> Path:
+        reuse = self.cfg.warmup.reuse
+        if reuse:  # the warm-up is fixed by the seed and settings: comparisons need not redo it
+            source = Path(str(reuse))
+            if not (source / "config.json").is_file():
+                raise SystemExit(f"agl-demo: warmup.reuse={reuse}: not a saved warm model (no config.json)")
+            say(f"[1/4] Supervised warm-up: reusing {source} (warmup.reuse)")
+            return Path(shutil.copytree(source, self.run_dir / "warm_model"))
         import torch
         from transformers.utils import logging as hf_logging
 
