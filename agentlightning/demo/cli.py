@@ -202,7 +202,7 @@ class Demo:
             ],
             self.run_dir / "gateway.log",
         )
-        gateway.wait_http_ok(f"{self.url}/healthz")
+        gateway.wait_http_ok(f"{self.url}/healthz", timeout=180)  # a busy machine imports slowly
         controller = self._start(
             "controller",
             [
