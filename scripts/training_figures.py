@@ -54,15 +54,15 @@ def table(runs: Path) -> None:
     print("|---|---|---|---|---|---|")
     for name in ALGORITHMS + list(STALENESS) + list(STEP):
         recs = records(runs / name)
-        if name not in wall or not recs:
+        if not recs or not any("val/reward" in r for r in recs):
             print(f"| {name} | not run | | | | |")
             continue
         val, reached, train_s = summary(recs)
         curve = ", ".join(f"{s}: {v:.3f}" for s, v in val)
-        print(
-            f"| {name} | {curve} | {val[-1][1]:.3f} | {reached if reached is not None else '—'} | "
-            f"{train_s:.0f} | {wall[name]} |"
-        )
+        steps = max(int(r["step"]) for r in recs)
+        final = f"{val[-1][1]:.3f}" if name in wall else f"unfinished (step {steps})"
+        shown = reached if reached is not None else "—"
+        print(f"| {name} | {curve} | {final} | {shown} | {train_s:.0f} | {wall.get(name, '—')} |")
 
 
 def plot(runs: Path, names: dict[str, str], metrics: list[tuple[str, str]], path: Path, title: str) -> None:
