@@ -12,6 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from agentlightning.torch_backend.lora import LoraSettings, lora_settings
 from agentlightning.torch_backend.policy import ActorConfig
 from agentlightning.trainer.loop_config import load_section
 
@@ -22,6 +23,10 @@ class ModelConfig:
 
     path: str = "demo"  # a Hugging Face model directory, or "demo" (the demo's tiny model)
     enable_gradient_checkpointing: bool = False
+    # LoRA (verl's keys, `lora.py`): 0 = full fine-tuning; > 0 trains only an adapter of this rank
+    lora_rank: int = 0
+    lora_alpha: float = 16.0  # the adapter's scale is lora_alpha / lora_rank
+    target_modules: Any = "all-linear"  # "all-linear" (all but the output head) or a list of module names
 
 
 @dataclass
@@ -85,7 +90,12 @@ class TorchBackendConfig:
     actor: ActorConfig = field(default_factory=ActorConfig)
     rollout: TorchRolloutConfig = field(default_factory=TorchRolloutConfig)
 
+    @property
+    def lora(self) -> LoraSettings:
+        return lora_settings(self.model.lora_rank, self.model.lora_alpha, self.model.target_modules)
+
     def validate(self) -> None:
+        _ = self.lora  # a bad LoRA key fails here, naming it
         if self.rollout.n < 1:
             raise ValueError("actor_rollout_ref.rollout.n must be at least 1")
         if self.rollout.engine not in ("auto", "torch", "vllm"):
