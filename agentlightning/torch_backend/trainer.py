@@ -151,8 +151,9 @@ class TorchBackend:
             self.output_dir / "vllm",
             num_servers=rollout.vllm.num_servers,
             version=version,
+            lora_rank=self.config.lora.rank,
         )
-        return self.vllm.start(self.updater.model)
+        return self.vllm.start(self.peft_model or self.updater.model)
 
     def update(self, batch: TrainingBatch) -> dict[str, float]:
         assert self.updater is not None, "start() first"
