@@ -89,8 +89,8 @@ def nudge(model: Any, i: int) -> None:
             t.add_(1e-3 * (i + 1))
 
 
-def bench_torch(model: Any, reps: int) -> dict[str, tuple[float, int]]:
-    engine = TorchEngine(copy.deepcopy(model), build_tokenizer())
+def bench_torch(model: Any, tokenizer: Any, reps: int) -> dict[str, tuple[float, int]]:
+    engine = TorchEngine(copy.deepcopy(model), tokenizer)
     try:
         full = model.state_dict()
         full_s = median_seconds(lambda i: (nudge(model, i), engine.publish(model)), reps)
@@ -102,9 +102,10 @@ def bench_torch(model: Any, reps: int) -> dict[str, tuple[float, int]]:
         engine.close()
 
 
-def bench_vllm(peft_model: Any, rank: int, reps: int, workdir: Path) -> dict[str, tuple[float, int]]:
+def bench_vllm(
+    peft_model: Any, tokenizer: Any, rank: int, reps: int, workdir: Path
+) -> dict[str, tuple[float, int]]:
     model = peft_model.get_base_model()
-    tokenizer = build_tokenizer()
     base = workdir / "base"
     model.config.save_pretrained(base)
     tokenizer.save_pretrained(base)
@@ -159,9 +160,9 @@ def main() -> None:
             )
             for engine in args.engines.split(","):
                 if engine == "torch":
-                    results = bench_torch(model, args.reps)
+                    results = bench_torch(model, tokenizer, args.reps)
                 elif engine == "vllm":
-                    results = bench_vllm(peft_model, args.rank, args.reps, Path(tmp) / name)
+                    results = bench_vllm(peft_model, tokenizer, args.rank, args.reps, Path(tmp) / name)
                 else:
                     sys.exit(f"unknown engine {engine!r}: torch or vllm")
                 for way in ("full", "lora"):
