@@ -12,6 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from agentlightning.torch_backend.lora import LoraSettings, lora_settings
 from agentlightning.torch_backend.losses import RolloutCorrection
 from agentlightning.torch_backend.policy import ActorConfig
 from agentlightning.trainer.config import ConfigError, core_config_keys
@@ -25,6 +26,10 @@ class ModelConfig:
 
     path: str = "demo"  # a Hugging Face model directory, or "demo" (the demo's tiny model)
     enable_gradient_checkpointing: bool = False
+    # LoRA (verl's keys, `lora.py`): 0 = full fine-tuning; > 0 trains only an adapter of this rank
+    lora_rank: int = 0
+    lora_alpha: float = 16.0  # the adapter's scale is lora_alpha / lora_rank
+    target_modules: Any = "all-linear"  # "all-linear" (all but the output head) or a list of module names
 
 
 @dataclass
@@ -90,7 +95,12 @@ class TorchBackendConfig:
     # algorithm.rollout_correction.* (verl's section), read by load_torch_backend_config
     rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
 
+    @property
+    def lora(self) -> LoraSettings:
+        return lora_settings(self.model.lora_rank, self.model.lora_alpha, self.model.target_modules)
+
     def validate(self) -> None:
+        _ = self.lora  # a bad LoRA key fails here, naming it
         if self.rollout.n < 1:
             raise ValueError("actor_rollout_ref.rollout.n must be at least 1")
         if self.rollout.engine not in ("auto", "torch", "vllm"):

@@ -172,6 +172,7 @@ class RequestStream:
 class _Swap:
     weights: Mapping[str, torch.Tensor] | torch.nn.Module
     version: int | None
+    partial: bool = False  # only some of the weights (a LoRA adapter's); the rest stay
     done: threading.Event = field(default_factory=threading.Event)
     result: int | None = None
     error: BaseException | None = None
@@ -339,9 +340,12 @@ class TorchEngine:
         weights: Mapping[str, torch.Tensor] | torch.nn.Module,
         version: int | None = None,
         timeout: float | None = None,
+        partial: bool = False,
     ) -> int:
-        """Swap in new weights once running sequences finish; return the new version (blocking)."""
-        swap = _Swap(weights, version)
+        """Swap in new weights once running sequences finish; return the new version (blocking).
+        `partial`: `weights` names only some of the model's tensors (a LoRA adapter's), each of
+        which must exist; the others are kept."""
+        swap = _Swap(weights, version, partial)
         with self._cv:
             if self._closing:
                 raise EngineError("the engine is shut down")
@@ -615,8 +619,12 @@ class TorchEngine:
     def _apply_swap(self, swap: _Swap) -> None:
         try:
             state = swap.weights.state_dict() if isinstance(swap.weights, torch.nn.Module) else swap.weights
+            if swap.partial:
+                unknown = sorted(set(state) - set(self.model.state_dict()))
+                if unknown:  # checked before anything is copied: a failed swap changes nothing
+                    raise KeyError(f"not tensors of the served model: {unknown[:3]}")
             with torch.no_grad():
-                self.model.load_state_dict(state, strict=True)
+                self.model.load_state_dict(state, strict=not swap.partial)
             self._version = swap.version if swap.version is not None else self._version + 1
             swap.result = self._version
             log.info("weights_published", version=self._version)

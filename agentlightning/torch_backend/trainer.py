@@ -34,6 +34,14 @@ from agentlightning.torch_backend.inference_server import (
     resolve_device,
     resolve_dtype,
 )
+from agentlightning.torch_backend.lora import (
+    ADAPTER_DIR,
+    adapter_state,
+    apply_lora,
+    count_parameters,
+    full_state,
+    save_adapter,
+)
 from agentlightning.torch_backend.policy import PolicyUpdater
 from agentlightning.torch_backend.vllm_engine import (
     VLLMEngine,
@@ -63,6 +71,7 @@ class TorchBackend:
         self.engine: TorchEngine | None = None
         self.server: InferenceServer | None = None
         self.vllm: VLLMEngine | None = None
+        self.peft_model: Any = None  # with LoRA: the PeftModel around the policy (for its adapter files)
 
     def start(self, step: int, version: int, total_steps: int, checkpoint: Path | None) -> list[str]:
         if self.torch_threads:
@@ -76,12 +85,19 @@ class TorchBackend:
             raise ConfigError(
                 f"actor_rollout_ref.model.path: cannot load {self.config.model.path!r}: {exc}"
             ) from None
+        policy = self._with_lora(policy)
         self._set_lr_horizon(total_steps)
         self.updater = PolicyUpdater(
             policy, self.config.actor, device=device, correction=self.config.rollout_correction
         )
         if state is not None:
-            self.updater.load_state_dict(state["policy"])
+            policy_state = state["policy"]
+            if self.peft_model is not None:  # the checkpoint holds the adapter; the base is rebuilt
+                try:
+                    policy_state = {**policy_state, "model": full_state(policy, policy_state["model"])}
+                except ValueError as exc:
+                    raise ConfigError(f"actor_rollout_ref.model.lora_rank: {exc}") from None
+            self.updater.load_state_dict(policy_state)
             set_torch_rng_state(state["rng"])
         rollout = self.config.rollout
         engine, why = choose_engine(rollout.engine, self.config.model.path, self.updater.model, rollout)
@@ -103,6 +119,26 @@ class TorchBackend:
         ).start()
         return [self.server.endpoint]
 
+    def _with_lora(self, model: Any) -> Any:
+        """With `lora_rank > 0`: the model with a fresh adapter in it, everything else frozen."""
+        settings = self.config.lora
+        if not settings.enabled:
+            return model
+        try:
+            self.peft_model = apply_lora(model, settings)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        trainable, total = count_parameters(model)
+        log.info(
+            "lora_adapter",
+            rank=settings.rank,
+            alpha=settings.alpha,
+            target_modules=settings.target_modules,
+            trainable_parameters=trainable,
+            parameters=total,
+        )
+        return model
+
     def _start_vllm(self, tokenizer: Any, device: torch.device, version: int) -> list[str]:
         assert self.updater is not None
         try:
@@ -117,8 +153,9 @@ class TorchBackend:
             self.output_dir / "vllm",
             num_servers=rollout.vllm.num_servers,
             version=version,
+            lora_rank=self.config.lora.rank,
         )
-        return self.vllm.start(self.updater.model)
+        return self.vllm.start(self.peft_model or self.updater.model)
 
     def update(self, batch: TrainingBatch) -> dict[str, float]:
         assert self.updater is not None, "start() first"
@@ -127,14 +164,21 @@ class TorchBackend:
     def publish(self, version: int) -> None:
         assert self.updater is not None, "start() first"
         if self.vllm is not None:
-            self.vllm.publish(self.updater.model, version)
+            self.vllm.publish(self.peft_model or self.updater.model, version)
             return
         assert self.engine is not None, "start() first"
+        if self.peft_model is not None:  # the serving copy has the same base: only the adapter moves
+            self.engine.publish(adapter_state(self.updater.model), version, partial=True)
+            return
         self.engine.publish(self.updater.model, version)
 
     def save(self, folder: Path) -> None:
         assert self.updater is not None, "start() first"
-        save_policy_state(folder, {"policy": self.updater.state_dict(), "rng": torch_rng_state()})
+        policy = self.updater.state_dict()
+        if self.peft_model is not None:  # the adapter only (and in peft's layout, for other tools)
+            policy["model"] = adapter_state(self.updater.model)
+            save_adapter(self.peft_model, folder / ADAPTER_DIR)
+        save_policy_state(folder, {"policy": policy, "rng": torch_rng_state()})
 
     def close(self) -> None:
         if self.vllm is not None:

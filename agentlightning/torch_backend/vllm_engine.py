@@ -7,6 +7,12 @@ the Gateway is paused and drained — writes the new weights as safetensors to
 deletes the previous version's folder. The Gateway then registers the same endpoints with the
 new version and resumes.
 
+With LoRA (`actor_rollout_ref.model.lora_rank > 0`, `lora.py`) the servers run the frozen base
+(served as `{name}-base`) with `--enable-lora`, and the adapter is what moves: `start()` and
+every `publish()` write the adapter in peft's layout to `{workdir}/adapters/v{version}` and each
+server swaps it in (`/v1/unload_lora_adapter`, `/v1/load_lora_adapter`) under the Gateway's
+model name, so agents' calls reach base + adapter; a publish ships megabytes, not the model.
+
 Memory on one GPU: vLLM takes `gpu_memory_utilization` of the device (weights + KV cache) and
 the policy update uses the rest; vLLM's sleep mode (which would free its share during the
 update) does nothing on CPU and is not used, so size `gpu_memory_utilization` to leave room
@@ -16,6 +22,7 @@ for the policy, its gradients and optimizer state.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import shutil
 from pathlib import Path
 from typing import Any
@@ -24,9 +31,11 @@ import torch
 
 from agentlightning.log import get_logger
 from agentlightning.torch_backend.config import TorchRolloutConfig
+from agentlightning.torch_backend.lora import base_state, save_adapter
 from agentlightning.torch_backend.vllm_server import (
     VLLMServerConfig,
     VLLMServers,
+    save_state,
     save_weights,
     vllm_unavailable,
 )
@@ -112,10 +121,12 @@ class VLLMEngine:
         workdir: str | Path,
         num_servers: int = 1,
         version: int = 0,
+        lora_rank: int = 0,
     ) -> None:
         self.tokenizer = tokenizer
         self.served_model_name = served_model_name
-        self.config = config
+        self.lora = lora_rank > 0  # serve the base and swap a LoRA adapter (publish: a PeftModel)
+        self.config = dataclasses.replace(config, max_lora_rank=lora_rank) if self.lora else config
         self.workdir = Path(workdir)
         self.num_servers = num_servers
         self.version = version
@@ -132,8 +143,15 @@ class VLLMEngine:
     def endpoints(self) -> list[str]:
         return self.servers.endpoints if self.servers is not None else []
 
+    @property
+    def adapters_dir(self) -> Path:
+        return self.workdir / "adapters"
+
     def start(self, model: Any) -> list[str]:
-        """Save `model` and start the servers on it; returns their OpenAI endpoints."""
+        """Save `model` and start the servers on it; returns their OpenAI endpoints. With LoRA,
+        `model` is the PeftModel: its base is served and its adapter loaded as the model."""
+        if self.lora:
+            peft_model, model = model, model.get_base_model()
         check_servable(model)
         base = self.weights_dir / "base"
         if base.exists():
@@ -148,11 +166,15 @@ class VLLMEngine:
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(base)
         self.tokenizer.save_pretrained(base)
-        save_weights(model, base, self.dtype, untie=self.untie)
-        self.servers = VLLMServers(
-            base, self.served_model_name, self.config, self.workdir / "servers", self.num_servers
-        )
+        if self.lora:
+            save_state(base_state(model).items(), base, self.dtype, untie=self.untie)
+        else:
+            save_weights(model, base, self.dtype, untie=self.untie)
+        name = f"{self.served_model_name}-base" if self.lora else self.served_model_name
+        self.servers = VLLMServers(base, name, self.config, self.workdir / "servers", self.num_servers)
         self.servers.start()
+        if self.lora:  # the adapter as it is now (fresh, or resumed from a checkpoint)
+            self._swap_adapter(peft_model, self.version, replace=False)
         log.info(
             "vllm_engine_started",
             endpoints=self.servers.endpoints,
@@ -163,11 +185,13 @@ class VLLMEngine:
         return self.servers.endpoints
 
     def publish(self, model: Any, version: int) -> float:
-        """Put `model`'s weights into every server (the Gateway is paused and drained meanwhile).
-        Returns the seconds the reload itself took (saving excluded)."""
+        """Put `model`'s weights (with LoRA: the PeftModel's adapter) into every server (the Gateway
+        is paused and drained meanwhile). Returns the seconds the reload itself took (saving excluded)."""
         if self.servers is None:
             raise VLLMEngineError("publish before start")
         self.servers.check_alive()
+        if self.lora:
+            return self._swap_adapter(model, version)
         folder = self.weights_dir / f"v{version}"
         with torch.no_grad():
             save_weights(model, folder, self.dtype, untie=self.untie)
@@ -177,6 +201,19 @@ class VLLMEngine:
             shutil.rmtree(previous, ignore_errors=True)
         self.version = version
         log.info("vllm_weights_published", version=version, reload_seconds=round(seconds, 3))
+        return seconds
+
+    def _swap_adapter(self, peft_model: Any, version: int, replace: bool = True) -> float:
+        assert self.servers is not None
+        folder = save_adapter(peft_model, self.adapters_dir / f"v{version}")
+        seconds = self.servers.swap_adapter(self.served_model_name, folder, replace=replace)
+        previous, self._current = self._current, folder
+        if previous is not None and previous != folder:
+            shutil.rmtree(previous, ignore_errors=True)
+        self.version = version
+        log.info(
+            "vllm_adapter_published", version=version, load_seconds=round(seconds, 3), folder=str(folder)
+        )
         return seconds
 
     def close(self) -> None:

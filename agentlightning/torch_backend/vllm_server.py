@@ -95,6 +95,20 @@ class VLLMServerConfig:
     # empty: vLLM's own choice (it binds to core 0 on a 2-core machine).
     cpu_binds: list[str] = field(default_factory=list)
     extra_args: list[str] = field(default_factory=list)  # more `vllm serve` flags, verbatim
+    # > 0: serve LoRA adapters up to this rank, loaded and swapped at run time (`load_lora_adapter`)
+    max_lora_rank: int = 0
+
+
+# vLLM 0.32's accepted --max-lora-rank values
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest --max-lora-rank vLLM accepts that holds an adapter of `rank`."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"vLLM serves LoRA adapters up to rank {VLLM_LORA_RANKS[-1]}, got {rank}")
 
 
 def _post(base_url: str, path: str, body: dict[str, object] | None = None, timeout: float = 600.0) -> None:
@@ -113,6 +127,16 @@ def reload_weights(base_url: str, weights_dir: str | os.PathLike[str]) -> None:
         "/collective_rpc",
         {"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}},
     )
+
+
+def load_lora_adapter(base_url: str, name: str, adapter_dir: str | os.PathLike[str]) -> None:
+    """Have the server (started with --enable-lora, VLLM_ALLOW_RUNTIME_LORA_UPDATING=1) serve the
+    peft adapter in `adapter_dir` as model `name`."""
+    _post(base_url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(adapter_dir)})
+
+
+def unload_lora_adapter(base_url: str, name: str) -> None:
+    _post(base_url, "/v1/unload_lora_adapter", {"lora_name": name})
 
 
 def reset_prefix_cache(base_url: str) -> None:
@@ -189,6 +213,8 @@ class VLLMServer:
             argv.append("--enforce-eager")
         if c.tool_call_parser:
             argv += ["--enable-auto-tool-choice", "--tool-call-parser", c.tool_call_parser]
+        if c.max_lora_rank > 0:
+            argv += ["--enable-lora", "--max-lora-rank", str(vllm_lora_rank(c.max_lora_rank))]
         return argv + list(c.extra_args)
 
     def env(self) -> dict[str, str]:
@@ -211,6 +237,8 @@ class VLLMServer:
             TOKENIZERS_PARALLELISM="false",
         )
         env["VLLM_RPC_BASE_PATH"] = self._socket_dir(scratch)
+        if self.config.max_lora_rank > 0:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # /v1/load_lora_adapter, /v1/unload_lora_adapter
         if self.config.cpu_binds:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.config.cpu_binds[self.index % len(self.config.cpu_binds)]
         # Our venv's packages must not shadow vLLM's (it pins its own transformers).
@@ -323,6 +351,23 @@ class VLLMServers:
 
         def one(server: VLLMServer) -> None:
             server.reload_weights(weights_dir)
+            server.reset_prefix_cache()
+
+        with ThreadPoolExecutor(len(self.servers)) as pool:
+            list(pool.map(one, self.servers))
+        return time.perf_counter() - started
+
+    def swap_adapter(self, name: str, adapter_dir: str | os.PathLike[str], replace: bool = True) -> float:
+        """Serve the peft adapter in `adapter_dir` as model `name` on every server (in parallel),
+        in place of the adapter served under that name before (`replace`), then reset the prefix
+        caches. Call it while no request can arrive (the Gateway paused and drained): between
+        the unload and the load the name serves nothing. Returns the seconds it took."""
+        started = time.perf_counter()
+
+        def one(server: VLLMServer) -> None:
+            if replace:
+                unload_lora_adapter(server.base_url, name)
+            load_lora_adapter(server.base_url, name, adapter_dir)
             server.reset_prefix_cache()
 
         with ThreadPoolExecutor(len(self.servers)) as pool:

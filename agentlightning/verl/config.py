@@ -224,6 +224,15 @@ def _check_loss(cfg: DictConfig) -> None:
             f"{actor}.entropy_coeff != 0 is not supported by the verl backend yet: verl's ppo_loss adds the "
             "entropy term without the per-rollout weights"
         )
+    if OmegaConf.select(cfg, "actor_rollout_ref.model.lora_rank", default=0):
+        # verl 0.9.1 trains the adapter and loads it into its vLLM replicas, but applies it only on
+        # its own token-in `generate` path; the OpenAI endpoint the Gateway calls serves the base.
+        raise ConfigError(
+            "actor_rollout_ref.model.lora_rank > 0 is not supported by the verl backend yet: verl's vLLM "
+            "replicas apply the adapter only to verl's own generate calls, not to the OpenAI calls agents "
+            "make through the Gateway, so rollouts would come from the base model (use the torch backend "
+            "for LoRA, or lora_rank=0)"
+        )
     if OmegaConf.select(cfg, "actor_rollout_ref.rollout.name") != "vllm":
         raise ConfigError("actor_rollout_ref.rollout.name must be vllm: the verl backend serves with vLLM")
 

@@ -77,6 +77,7 @@ def test_a_torch_backend_config_drives_the_verl_backend_too() -> None:
         ("actor_rollout_ref.actor.use_kl_loss=true", "use_kl_loss"),
         ("actor_rollout_ref.actor.entropy_coeff=0.01", "entropy_coeff"),
         ("actor_rollout_ref.rollout.name=sglang", "rollout.name"),
+        ("actor_rollout_ref.model.lora_rank=8", "model.lora_rank"),
         ("actor_rollout_ref.actor.old_log_prob_source=fresh", "old_log_prob_source"),
         ("agentlightning.no_such_key=1", "agentlightning.no_such_key"),
         ("data.train_batch_size=0", "data.train_batch_size"),
