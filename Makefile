@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[train,k8s,dev]'
+	$(BIN)/pip install --quiet -e '.[train,k8s,postgres,dev]'
 	touch $(STAMP)
 
 # Real vLLM (the CPU build) in its own venv: it pins its own transformers. The torchvision,

@@ -62,7 +62,11 @@ def create_app(
         config = load_server_config(config)
     if store is None:
         store = store_from_url(
-            config.store.url, config.store.synchronous, config.store.read_threads, config.store.wal_max_bytes
+            config.store.url,
+            config.store.synchronous,
+            config.store.read_threads,
+            config.store.wal_max_bytes,
+            config.store.pool_size,
         )
     gateway_metrics = GatewayMetrics() if config.metrics.enabled else None
     if gateway_metrics is not None:
