@@ -19,8 +19,8 @@ __all__ = [
     "SqliteStore",
     "Store",
     "StoreLocked",
-    "StoredEvent",
     "StoreUnavailable",
+    "StoredEvent",
     "store_from_url",
 ]
 

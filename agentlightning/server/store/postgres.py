@@ -213,7 +213,7 @@ class PostgresStore(Store):
                 backoff = min(backoff * 2, 2.0)
                 continue
             try:
-                conn.add_termination_listener(lambda _c: lost.set())
+                conn.add_termination_listener(lambda _c, lost=lost: lost.set())
                 await conn.add_listener(CHANNEL, self._on_notify)
                 if not first:
                     log.info("change_feed_reconnected")
