@@ -64,9 +64,14 @@ lint: venv
 	$(BIN)/ruff check $(LINT_DIRS)
 	$(BIN)/ruff format --check $(LINT_DIRS)
 
+# The API suite once more with every Gateway on Postgres (tests/postgres.py starts its own server).
+POSTGRES_PASS := tests/server/test_api.py tests/server/test_batch_routes.py tests/server/test_proxy.py \
+	tests/server/test_auth.py tests/server/test_proxy_store.py tests/compat/test_differential.py
+
 # The main suite, then the verl backend's tests in verl's venv (tests/verl is skipped by the first).
 test: lint $(V1)/.installed .venv-examples/.installed $(VERL_VENV)/.installed $(VLLM_STAMP)
 	$(BIN)/pytest -q
+	AGL_TEST_STORE=postgres $(BIN)/pytest -q $(POSTGRES_PASS)
 	$(VERL_VENV)/bin/python -m pytest -q tests/verl
 
 # The full loop on CPU: Gateway, Controller and trainer as three processes (docs/demo.md).
