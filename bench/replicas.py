@@ -35,11 +35,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agentlightning.pgserver import LocalPostgres  # noqa: E402
-from agentlightning.procs import free_port  # noqa: E402
+from agentlightning.procs import ManagedProcess, free_port  # noqa: E402
 from agentlightning.schemas import Rollout, RolloutStatusPatch  # noqa: E402
 from agentlightning.server.events import make_record  # noqa: E402
 from agentlightning.server.store import store_from_url  # noqa: E402
-from bench.proxy import KEY, Gateway, cpu_seconds, prepare, run_load, start_gateway, start_model  # noqa: E402
+from bench.proxy import KEY, Gateway, cpu_seconds, prepare, run_load, start_model  # noqa: E402
 
 
 def postgres_cpu(pg: LocalPostgres) -> float:
@@ -65,6 +65,16 @@ def postgres_cpu(pg: LocalPostgres) -> float:
 # --- proxied calls/s ------------------------------------------------------------------------
 
 
+def start_replica(label: str, store_url: str, tmp: Path) -> Gateway:
+    port = free_port()
+    argv = [sys.executable, "-m", "agentlightning.server", f"store.url={store_url}", f"port={port}"]
+    argv += [f"key={KEY}", "log_level=warning"]
+    proc = ManagedProcess(f"gateway {label}", argv, tmp / f"gateway-{port}.log", cwd=ROOT).start()
+    url = f"http://127.0.0.1:{port}"
+    proc.wait_http_ok(f"{url}/healthz", timeout=180)  # a loaded machine starts Python slowly
+    return Gateway(label, url, proc)
+
+
 def proxied(
     label: str,
     store_url: str,
@@ -74,8 +84,7 @@ def proxied(
     pg: LocalPostgres,
     tmp: Path,
 ) -> dict[str, Any]:
-    command = [sys.executable, "-m", "agentlightning.server", f"store.url={store_url}"]
-    gateways: list[Gateway] = [start_gateway(f"{label}-{i}", command, tmp) for i in range(replicas)]
+    gateways = [start_replica(f"{label}-{i}", store_url, tmp) for i in range(replicas)]
     try:
         tag = f"{label.replace(' ', '')}-{time.monotonic_ns()}"
         urls, keys = prepare(gateways[0], model_url, args.agents, tag)
@@ -139,7 +148,7 @@ async def store_ops(url: str, n: int, concurrency: int, tag: str) -> dict[str, f
 
 
 def store_ops_worker() -> None:
-    spec = json.loads(sys.stdin.read())
+    spec = json.loads(sys.argv[-1])
     print(json.dumps(asyncio.run(store_ops(spec["url"], spec["n"], spec["concurrency"], spec["tag"]))))
 
 
@@ -151,16 +160,12 @@ def store_ops_processes(url: str, processes: int, n: int, concurrency: int) -> d
             {"url": url, "n": n, "concurrency": concurrency, "tag": f"p{i}-{time.monotonic_ns()}"}
         )
         p = subprocess.Popen(
-            [sys.executable, __file__, "--store-worker"],
-            stdin=subprocess.PIPE,
+            [sys.executable, __file__, "--store-worker", spec],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             cwd=ROOT,
         )
-        assert p.stdin is not None
-        p.stdin.write(spec)
-        p.stdin.close()
         procs.append(p)
     total: dict[str, float] = {}
     for p in procs:
@@ -224,6 +229,50 @@ def failure_run(pg: LocalPostgres, model_url: str, n: int, tmp: Path) -> dict[st
 # --- the report -----------------------------------------------------------------------------
 
 
+def throughput(args: argparse.Namespace, pg: LocalPostgres, model_url: str, tmp: Path) -> None:
+    rows = [
+        proxied("sqlite x1", f"sqlite:///{tmp}/gw.db", 1, model_url, args, pg, tmp),
+        proxied("postgres x1", pg.create_database("proxy1"), 1, model_url, args, pg, tmp),
+        proxied("postgres x2", pg.create_database("proxy2"), 2, model_url, args, pg, tmp),
+    ]
+    print("\n## proxied calls/s (every call recorded)")
+    print(
+        f"{'setup':<13}{'calls/s':>9}{'ratio':>7}{'p50 ms':>8}{'p99 ms':>8}{'gw cpu ms':>10}{'pg cpu ms':>10}  errors"
+    )
+    base = rows[0]["calls_per_s"]
+    for r in rows:
+        print(
+            f"{r['setup']:<13}{r['calls_per_s']:>9.0f}{r['calls_per_s'] / base:>7.2f}{r['p50_ms']:>8.1f}"
+            f"{r['p99_ms']:>8.1f}{r['gateway_cpu_ms']:>10.2f}{r['postgres_cpu_ms']:>10.2f}  {r['errors'] or ''}"
+        )
+    ops = {
+        "sqlite x1": store_ops_processes(f"sqlite:///{tmp}/ops.db", 1, args.store_n, 64),
+        "postgres x1": store_ops_processes(pg.create_database("ops1"), 1, args.store_n, 64),
+        "postgres x2": store_ops_processes(pg.create_database("ops2"), 2, args.store_n, 64),
+    }
+    print("\n## store operations/s (in-process Store API, 64 concurrent; x2: two processes, summed)")
+    names = list(ops["sqlite x1"])
+    print(f"{'setup':<13}" + "".join(f"{n:>10}" for n in names))
+    for label, rates in ops.items():
+        print(f"{label:<13}" + "".join(f"{rates[n]:>10.0f}" for n in names))
+    pg_row = rows[1]
+    per_call = pg_row["gateway_cpu_ms"] + 0.0
+    print("\n## capacity at the measured CPU per call")
+    agents_replica = 1000 / per_call * args.agent_interval if per_call else float("nan")
+    agents_pg = (
+        1000 / pg_row["postgres_cpu_ms"] * args.agent_interval if pg_row["postgres_cpu_ms"] else float("nan")
+    )
+    print(
+        f"one replica (one core: the Gateway is one process): {1000 / per_call:.0f} calls/s at "
+        f"{per_call:.2f} ms CPU per call -> {agents_replica:.0f} agents making a call every "
+        f"{args.agent_interval:.0f} s"
+    )
+    print(
+        f"one Postgres core: {1000 / pg_row['postgres_cpu_ms']:.0f} calls/s at {pg_row['postgres_cpu_ms']:.2f} ms "
+        f"CPU per call -> {agents_pg:.0f} such agents per core it is given"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -237,7 +286,8 @@ def main() -> None:
         "--agent-interval", type=float, default=10.0, help="seconds between one agent's calls"
     )
     parser.add_argument("--batch", type=int, default=0, help="also the failure run with this many rollouts")
-    parser.add_argument("--store-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--no-throughput", action="store_true", help="only the failure run (--batch)")
+    parser.add_argument("--store-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.store_worker:
         store_ops_worker()
@@ -249,49 +299,8 @@ def main() -> None:
         print(
             f"# {os.cpu_count()} CPUs; Postgres {pg.bin_dir}; {args.agents} agents, model delay {args.delay} s"
         )
-        rows = [
-            proxied("sqlite x1", f"sqlite:///{tmp}/gw.db", 1, model_url, args, pg, tmp),
-            proxied("postgres x1", pg.create_database("proxy1"), 1, model_url, args, pg, tmp),
-            proxied("postgres x2", pg.create_database("proxy2"), 2, model_url, args, pg, tmp),
-        ]
-        print("\n## proxied calls/s (every call recorded)")
-        print(
-            f"{'setup':<13}{'calls/s':>9}{'ratio':>7}{'p50 ms':>8}{'p99 ms':>8}{'gw cpu ms':>10}{'pg cpu ms':>10}  errors"
-        )
-        base = rows[0]["calls_per_s"]
-        for r in rows:
-            print(
-                f"{r['setup']:<13}{r['calls_per_s']:>9.0f}{r['calls_per_s'] / base:>7.2f}{r['p50_ms']:>8.1f}"
-                f"{r['p99_ms']:>8.1f}{r['gateway_cpu_ms']:>10.2f}{r['postgres_cpu_ms']:>10.2f}  {r['errors'] or ''}"
-            )
-        ops = {
-            "sqlite x1": store_ops_processes(f"sqlite:///{tmp}/ops.db", 1, args.store_n, 64),
-            "postgres x1": store_ops_processes(pg.create_database("ops1"), 1, args.store_n, 64),
-            "postgres x2": store_ops_processes(pg.create_database("ops2"), 2, args.store_n, 64),
-        }
-        print("\n## store operations/s (in-process Store API, 64 concurrent; x2: two processes, summed)")
-        names = list(ops["sqlite x1"])
-        print(f"{'setup':<13}" + "".join(f"{n:>10}" for n in names))
-        for label, rates in ops.items():
-            print(f"{label:<13}" + "".join(f"{rates[n]:>10.0f}" for n in names))
-        pg_row = rows[1]
-        per_call = pg_row["gateway_cpu_ms"] + 0.0
-        print("\n## capacity at the measured CPU per call")
-        agents_replica = 1000 / per_call * args.agent_interval if per_call else float("nan")
-        agents_pg = (
-            1000 / pg_row["postgres_cpu_ms"] * args.agent_interval
-            if pg_row["postgres_cpu_ms"]
-            else float("nan")
-        )
-        print(
-            f"one replica (one core: the Gateway is one process): {1000 / per_call:.0f} calls/s at "
-            f"{per_call:.2f} ms CPU per call -> {agents_replica:.0f} agents making a call every "
-            f"{args.agent_interval:.0f} s"
-        )
-        print(
-            f"one Postgres core: {1000 / pg_row['postgres_cpu_ms']:.0f} calls/s at {pg_row['postgres_cpu_ms']:.2f} ms "
-            f"CPU per call -> {agents_pg:.0f} such agents per core it is given"
-        )
+        if not args.no_throughput:
+            throughput(args, pg, model_url, tmp)
         if args.batch:
             print(f"\n## failure run: {args.batch} rollouts over two replicas, replica 2 SIGKILLed twice")
             print(json.dumps(failure_run(pg, model_url, args.batch, tmp), indent=1))

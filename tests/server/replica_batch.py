@@ -47,7 +47,7 @@ class Replica:
         argv = [sys.executable, "-m", "agentlightning.server", f"port={self.port}", *self.argv_tail]
         log = self.log_dir / f"replica-{self.port}-{self.restarts}.log"
         self.process = ManagedProcess(f"agl-server:{self.port}", argv, log).start()
-        self.process.wait_http_ok(f"{self.url}/healthz", timeout=60)
+        self.process.wait_http_ok(f"{self.url}/healthz", timeout=180)
         return self
 
     def kill(self) -> None:
