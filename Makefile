@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[train,k8s,dev]'
+	$(BIN)/pip install --quiet -e '.[train,k8s,postgres,dev]'
 	touch $(STAMP)
 
 # Real vLLM (the CPU build) in its own venv: it pins its own transformers. The torchvision,
@@ -64,9 +64,14 @@ lint: venv
 	$(BIN)/ruff check $(LINT_DIRS)
 	$(BIN)/ruff format --check $(LINT_DIRS)
 
+# The API suite once more with every Gateway on Postgres (tests/postgres.py starts its own server).
+POSTGRES_PASS := tests/server/test_api.py tests/server/test_batch_routes.py tests/server/test_proxy.py \
+	tests/server/test_auth.py tests/server/test_proxy_store.py tests/compat/test_differential.py
+
 # The main suite, then the verl backend's tests in verl's venv (tests/verl is skipped by the first).
 test: lint $(V1)/.installed .venv-examples/.installed $(VERL_VENV)/.installed $(VLLM_STAMP)
 	$(BIN)/pytest -q
+	AGL_TEST_STORE=postgres $(BIN)/pytest -q $(POSTGRES_PASS)
 	$(VERL_VENV)/bin/python -m pytest -q tests/verl
 
 # The full loop on CPU: Gateway, Controller and trainer as three processes (docs/demo.md).

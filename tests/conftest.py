@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from agentlightning.procs import ManagedProcess, free_port
+from tests import postgres
+from tests.postgres import store_is_postgres
 
 
 @dataclass
@@ -25,13 +27,17 @@ def start_gateway(
 ) -> RunningGateway:
     port = free_port()
     db = db_path or tmp_path / "gateway.db"
+    store_url = f"sqlite:///{db}"
+    if store_is_postgres():  # the Postgres pass: stores not chosen as SQLite on purpose go to Postgres
+        store_url = postgres.database_for(db)
+        overrides = tuple(o for o in overrides if o != "store.url=memory://")
     argv = [
         sys.executable,
         "-m",
         "agentlightning.server",
         f"port={port}",
         f"key={key}",
-        f"store.url=sqlite:///{db}",
+        f"store.url={store_url}",
         *overrides,
     ]
     proc = ManagedProcess("agl-server", argv, tmp_path / f"gateway-{port}.log").start()

@@ -13,10 +13,10 @@ from omegaconf import DictConfig
 
 from agentlightning import __version__
 from agentlightning.log import get_logger
-from agentlightning.server.auth import Authenticator, AuthMiddleware
+from agentlightning.server.auth import Authenticator, AuthMiddleware, LiveTokens
 from agentlightning.server.body_limit import BodyLimitMiddleware
 from agentlightning.server.config import ServerConfig, load_server_config
-from agentlightning.server.errors import install_error_handlers
+from agentlightning.server.errors import StoreUnavailableMiddleware, install_error_handlers
 from agentlightning.server.metrics import GatewayMetrics
 from agentlightning.server.proxy import routes as proxy
 from agentlightning.server.proxy.asgi import ProxyFastPath
@@ -62,7 +62,11 @@ def create_app(
         config = load_server_config(config)
     if store is None:
         store = store_from_url(
-            config.store.url, config.store.synchronous, config.store.read_threads, config.store.wal_max_bytes
+            config.store.url,
+            config.store.synchronous,
+            config.store.read_threads,
+            config.store.wal_max_bytes,
+            config.store.pool_size,
         )
     gateway_metrics = GatewayMetrics() if config.metrics.enabled else None
     if gateway_metrics is not None:
@@ -75,6 +79,7 @@ def create_app(
         metrics=gateway_metrics,
         auth=Authenticator(config.key, config.controller_key, config.token_secret),
     )
+    live_tokens = LiveTokens()  # agent tokens found live; other replicas' changes forget them
     if gateway_metrics is not None:
         proxy_runtime = state.proxy
         gateway_metrics.proxy_state = lambda: (proxy_runtime.inflight, proxy_runtime.paused)
@@ -84,6 +89,11 @@ def create_app(
         await store.open()
         await state.models.load()
         await state.proxy.open()
+        if store.shared:  # replicas on one database: caches, long-polls and pause made coherent
+            from agentlightning.server.replicas import ReplicaSync
+
+            state.replicas = ReplicaSync(state, store, live_tokens)  # type: ignore[arg-type]
+            await state.replicas.start()
         gc_before = gc.get_threshold()
         gc.collect()
         gc.freeze()
@@ -98,6 +108,8 @@ def create_app(
         finally:
             gc.set_threshold(*gc_before)
             gc.unfreeze()
+            if state.replicas is not None:
+                await state.replicas.stop()
             await state.proxy.close()
             await store.close()
 
@@ -113,5 +125,6 @@ def create_app(
     # path runs after both.
     app.add_middleware(ProxyFastPath, state=state)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
-    app.add_middleware(AuthMiddleware, auth=state.auth, load_rollout=store.get_rollout)
+    app.add_middleware(AuthMiddleware, auth=state.auth, load_rollout=store.get_rollout, live=live_tokens)
+    app.add_middleware(StoreUnavailableMiddleware)
     return app

@@ -233,11 +233,12 @@ class AuthMiddleware:
         app: ASGIApp,
         auth: Authenticator,
         load_rollout: Callable[[str], Awaitable[Rollout | None]],
+        live: LiveTokens | None = None,
     ) -> None:
         self.app = app
         self.auth = auth
         self.load_rollout = load_rollout
-        self.live = LiveTokens()
+        self.live = live if live is not None else LiveTokens()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (

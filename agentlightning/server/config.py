@@ -29,6 +29,7 @@ class StoreConfig:
     synchronous: str = "normal"
     read_threads: int = 4
     wal_max_bytes: int = 64 * 1024 * 1024
+    pool_size: int = 0  # postgresql:// only: connections per replica (0: 10)
 
 
 @dataclass

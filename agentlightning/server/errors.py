@@ -6,10 +6,11 @@ from fastapi import FastAPI, Request
 from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentlightning.log import get_logger
 from agentlightning.schemas import IllegalTransition
-from agentlightning.server.store import RolloutNotFound
+from agentlightning.server.store import RolloutNotFound, StoreUnavailable
 
 log = get_logger("gateway")
 
@@ -34,6 +35,40 @@ async def _conflict(request: Request, exc: IllegalTransition) -> Response:
 async def _unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unhandled_error", method=request.method, path=request.url.path)
     return JSONResponse({"detail": f"internal error: {type(exc).__name__}: {exc}"}, 500)
+
+
+def unavailable_response(exc: StoreUnavailable) -> Response:
+    seconds = str(exc.retry_after_seconds)
+    return JSONResponse(
+        {"detail": f"the Gateway's store is unavailable, retry in {seconds} s: {exc}"},
+        503,
+        headers={"Retry-After": seconds},
+    )
+
+
+class StoreUnavailableMiddleware:
+    """A store that cannot be reached (a shared database restarting) answers 503 with Retry-After
+    from wherever it was noticed (auth, the proxy, a route), never a bare 500."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except StoreUnavailable as exc:
+            if started or scope["type"] != "http":
+                raise
+            log.warning("store_unavailable", method=scope["method"], path=scope["path"], error=str(exc))
+            await unavailable_response(exc)(scope, receive, send)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 
@@ -16,6 +17,9 @@ from agentlightning.server.runs import RunMetricsTable
 from agentlightning.server.signal import ChangeSignal
 from agentlightning.server.store import Store
 
+if TYPE_CHECKING:
+    from agentlightning.server.replicas import ReplicaSync
+
 
 class ModelTable:
     """Registered inference endpoints, kept in memory for the proxy's hot path; the store is the record."""
@@ -26,8 +30,9 @@ class ModelTable:
         self._sorted: dict[str, list[Model]] = {}  # endpoints() per model, rebuilt after a change
 
     async def load(self) -> None:
+        models = await self._store.list_models()  # read first: calls meanwhile see the old table
         self._by_name.clear()
-        self._remember(await self._store.list_models())
+        self._remember(models)
 
     def _remember(self, models: list[Model]) -> None:
         self._sorted.clear()
@@ -71,6 +76,8 @@ class GatewayState:
     runs: RunMetricsTable = field(default_factory=RunMetricsTable)
     history: StatusHistory = field(default_factory=StatusHistory)
     auth: Authenticator = field(default_factory=lambda: Authenticator(""))
+    # Set when the store is shared by several replicas (server/replicas.py).
+    replicas: ReplicaSync | None = None
 
 
 def get_state(request: Request) -> GatewayState:

@@ -18,12 +18,24 @@ from agentlightning.schemas import (
     RolloutStatusPatch,
 )
 from agentlightning.server.events import UnencodableEvent, make_record
-from agentlightning.server.store import MemoryStore, RolloutNotFound, SqliteStore, Store, StoreLocked
+from agentlightning.server.store import (
+    MemoryStore,
+    RolloutNotFound,
+    SqliteStore,
+    Store,
+    StoreLocked,
+    store_from_url,
+)
+from tests import postgres
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    s: Store = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "s.db")
+    s: Store
+    if request.param == "postgres":
+        s = store_from_url(postgres.new_database())
+    else:
+        s = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "s.db")
     await s.open()
     yield s
     await s.close()

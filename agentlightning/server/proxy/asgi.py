@@ -18,6 +18,7 @@ from agentlightning.server.proxy.handler import handle_call
 from agentlightning.server.proxy.responses import error_answer
 from agentlightning.server.proxy.rewrite import Api
 from agentlightning.server.state import GatewayState
+from agentlightning.server.store import StoreUnavailable
 
 log = get_logger("proxy")
 _ID = r"([^/\s]{1,256})"
@@ -54,6 +55,10 @@ class ProxyFastPath:
         rollout_id, attempt_id, mode, tail = match.groups()
         try:
             response = await handle_call(self.state, read_body, rollout_id, attempt_id, mode, APIS[tail])
+        except StoreUnavailable as exc:  # a shared database restarting: the agent retries
+            response = error_answer(
+                503, str(exc), "store_unavailable", {"Retry-After": str(StoreUnavailable.retry_after_seconds)}
+            )
         except Exception as exc:
             log.exception("proxy_call_failed", rollout_id=rollout_id, path=scope["path"])
             response = error_answer(500, f"internal error: {type(exc).__name__}: {exc}", "internal_error")

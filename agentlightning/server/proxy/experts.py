@@ -87,6 +87,14 @@ class RouteIndex:
         self._keep(key, kept)
         return [h.sequence for h in dropped]
 
+    def forget(self, rollout_id: str) -> None:
+        """Drop a rollout's attempts (another replica changed its routes): reloaded on next use."""
+        for key in [k for k in self._attempts if k[0] == rollout_id]:
+            del self._attempts[key]
+
+    def clear(self) -> None:
+        self._attempts.clear()
+
     def _keep(self, key: tuple[str, str], holders: list[_Holder]) -> None:
         self._attempts[key] = holders[-MAX_HOLDERS:]
         while len(self._attempts) > MAX_ATTEMPTS:

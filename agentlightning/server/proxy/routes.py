@@ -50,7 +50,12 @@ async def other_paths(rest: str) -> Response:
 @router.post("/proxy/pause", response_model=ProxyState)
 async def pause(body: PauseRequest, request: Request) -> ProxyState:
     """New calls get 429 with Retry-After until resumed; calls in flight finish (watch `inflight`)."""
-    runtime = get_state(request).proxy
+    state = get_state(request)
+    runtime = state.proxy
+    if state.replicas is not None:  # every replica's pause, and their calls in flight
+        answer = await state.replicas.pause(body.retry_after_seconds, body.reason)
+        log.info("proxy_paused", reason=body.reason, inflight=answer.inflight)
+        return answer
     runtime.pause(body.retry_after_seconds, body.reason)
     log.info("proxy_paused", reason=body.reason, inflight=runtime.inflight)
     return runtime.state()
@@ -58,7 +63,12 @@ async def pause(body: PauseRequest, request: Request) -> ProxyState:
 
 @router.post("/proxy/resume", response_model=ProxyState)
 async def resume(request: Request) -> ProxyState:
-    runtime = get_state(request).proxy
+    state = get_state(request)
+    runtime = state.proxy
+    if state.replicas is not None:
+        answer = await state.replicas.resume()
+        log.info("proxy_resumed", inflight=answer.inflight)
+        return answer
     runtime.resume()
     log.info("proxy_resumed", inflight=runtime.inflight)
     return runtime.state()
@@ -66,4 +76,7 @@ async def resume(request: Request) -> ProxyState:
 
 @router.get("/proxy/state", response_model=ProxyState)
 async def proxy_state(request: Request) -> ProxyState:
-    return get_state(request).proxy.state()
+    state = get_state(request)
+    if state.replicas is not None:
+        return await state.replicas.proxy_state()
+    return state.proxy.state()

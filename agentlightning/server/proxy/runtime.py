@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 from agentlightning.schemas import ProxyState
 from agentlightning.server.config import ProxyConfig
@@ -21,13 +22,25 @@ class ProxyRuntime:
         self.paused = False
         self.retry_after_seconds = 5.0
         self.reason: str | None = None
-        self.inflight = 0
+        self._inflight = 0
+        # Called when the count changes while paused (server/replicas.py reports the drain).
+        self.on_inflight_change: Callable[[], None] | None = None
         # Rollouts seen to exist, so that an agent's every call does not read the store.
         # Bounded (least recently used are forgotten); deleting a rollout forgets it, so that
         # its next call is refused before it reaches the model.
         self._known: OrderedDict[str, None] = OrderedDict()
         self.forgotten = 0  # deletions so far: `remember` after a store read checks none came between
         self.routes = RouteIndex()  # calls still holding MoE routes (include_routed_experts)
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    @inflight.setter
+    def inflight(self, value: int) -> None:
+        self._inflight = value
+        if self.paused and self.on_inflight_change is not None:
+            self.on_inflight_change()
 
     async def open(self) -> None:
         await self.upstream.open()
@@ -69,3 +82,7 @@ class ProxyRuntime:
     def forget(self, rollout_id: str) -> None:
         self.forgotten += 1
         self._known.pop(rollout_id, None)
+
+    def forget_all(self) -> None:
+        self.forgotten += 1
+        self._known.clear()

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from agentlightning.server.store.base import EventRecord, RolloutNotFound, Store, StoredEvent
+from agentlightning.server.store.base import (
+    EventRecord,
+    RolloutNotFound,
+    Store,
+    StoredEvent,
+    StoreUnavailable,
+)
 from agentlightning.server.store.memory import MemoryStore
 from agentlightning.server.store.sqlite import WAL_MAX_BYTES, SqliteStore, StoreLocked
 
@@ -13,15 +19,33 @@ __all__ = [
     "SqliteStore",
     "Store",
     "StoreLocked",
+    "StoreUnavailable",
     "StoredEvent",
     "store_from_url",
 ]
 
 
 def store_from_url(
-    url: str, synchronous: str = "normal", read_threads: int = 4, wal_max_bytes: int = WAL_MAX_BYTES
+    url: str,
+    synchronous: str = "normal",
+    read_threads: int = 4,
+    wal_max_bytes: int = WAL_MAX_BYTES,
+    pool_size: int = 0,
 ) -> Store:
-    """`memory://` or `sqlite:///relative/path.db` / `sqlite:////absolute/path.db` (SQLAlchemy style)."""
+    """`memory://`, `sqlite:///relative/path.db` / `sqlite:////absolute/path.db` (SQLAlchemy style),
+    or `postgresql://user:password@host:port/database` (the `postgres` extra; replicas share it).
+    `pool_size` is the Postgres connection pool's size (0: its default); SQLite's settings
+    (`synchronous`, `read_threads`, `wal_max_bytes`) do not apply to Postgres."""
+    if url.startswith(("postgresql://", "postgres://")):
+        try:
+            from agentlightning.server.store.postgres import PostgresStore
+        except ImportError as exc:
+            raise ValueError(
+                f"store.url={url.split('@')[-1]!r} needs the postgres extra: pip install 'agentlightning[postgres]'"
+            ) from exc
+        return PostgresStore(url, pool_size=pool_size or 10)
+    if pool_size:
+        raise ValueError("store.pool_size applies to a postgresql:// store.url only")
     if url == "memory://":
         return MemoryStore()
     prefix = "sqlite:///"

@@ -7,7 +7,7 @@ precomputed triplet view, so reads never re-encode the payload.
 from __future__ import annotations
 
 import abc
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,6 +28,13 @@ class RolloutNotFound(KeyError):
 
     def __str__(self) -> str:
         return f"rollout {self.rollout_id!r} does not exist"
+
+
+class StoreUnavailable(RuntimeError):
+    """The store cannot be reached for now (a shared database restarting): answered 503 with
+    Retry-After, so that clients retry."""
+
+    retry_after_seconds = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +95,13 @@ def apply_patch(rollout: Rollout, patch: RolloutStatusPatch, now: float) -> Roll
 
 class Store(abc.ABC):
     """Async storage of rollouts, events and model endpoints. Safe for one event loop."""
+
+    # True when other processes write to the same store (Postgres replicas): then the Gateway
+    # keeps its caches coherent through `watch` (server/replicas.py).
+    shared = False
+
+    def watch(self, on_change: Callable[[str, str], None]) -> None:  # noqa: B027 - optional
+        """Call `on_change(kind, subject)` for changes other processes made (shared stores only)."""
 
     @abc.abstractmethod
     async def open(self) -> None: ...
