@@ -189,9 +189,11 @@ def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
     name = tool.get("name")
     if not isinstance(name, str) or not name:
         raise ApiInputError(f"tools[{i}] needs a 'name'")
-    function: dict[str, Any] = {"name": name, "parameters": tool.get("input_schema") or {"type": "object"}}
+    # In OpenAI's key order: chat templates write tools with `tojson`, which keeps the order.
+    function: dict[str, Any] = {"name": name}
     if tool.get("description"):
         function["description"] = tool["description"]
+    function["parameters"] = tool.get("input_schema") or {"type": "object"}
     return {"type": "function", "function": function}
 
 

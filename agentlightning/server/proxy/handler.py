@@ -20,6 +20,7 @@ from agentlightning.server.proxy.capture import CallRecord
 from agentlightning.server.proxy.experts import pop_routed_experts
 from agentlightning.server.proxy.responses import Answer, StreamAnswer, error_answer, paused_answer
 from agentlightning.server.proxy.rewrite import Api, pick_endpoint, rewrite, wants_usage_chunk
+from agentlightning.server.proxy.token_exact import chat_stream
 from agentlightning.server.proxy.translate import ApiInputError
 from agentlightning.server.state import GatewayState
 from agentlightning.server.store import RolloutNotFound
@@ -90,6 +91,9 @@ async def _call(
             metrics.observe_call(
                 mode, d["http_status"] or 0, time.perf_counter() - started, upstream_s, d["retries"]
             )
+            broken = (d.get("segment") or {}).get("break")
+            if broken is not None:
+                metrics.history_break(broken["reason"])
 
     def rollout_gone() -> None:
         runtime.forget(rollout_id)
@@ -127,12 +131,24 @@ async def _call(
     record = CallRecord(rollout_id, attempt_id, timestamp, api, mode, body, params, stream)
     if translation is not None:
         record.data["chat_request"] = upstream_body
-    forwarded = await runtime.upstream.forward(
-        lambda: pick_endpoint(state.models.endpoints(config.model_name), rollout_id),
-        UPSTREAM_PATHS[api],
-        orjson.dumps({**upstream_body, **params}),
-        stream and translation is None,
-    )
+    exact = None
+    if config.token_exact and api != "completions":
+        model = pick_endpoint(state.models.endpoints(config.model_name), rollout_id)
+        if model is not None and runtime.tokens.serves(model.endpoint) is not False:
+            exact = await runtime.tokens.call(model, upstream_body, params, rollout_id, attempt_id)
+    if exact is not None:
+        forwarded = exact.forwarded
+        forwarded.tries = exact.tries
+        record.data["segment"] = exact.segment
+    else:
+        forwarded = await runtime.upstream.forward(
+            lambda: pick_endpoint(state.models.endpoints(config.model_name), rollout_id),
+            UPSTREAM_PATHS[api],
+            orjson.dumps({**upstream_body, **params}),
+            stream and translation is None,
+        )
+        if api != "completions":
+            record.before_save = lambda: runtime.tokens.observe(record, upstream_body)
     upstream_s = time.perf_counter() - started
     routes = None
     if forwarded.stream is not None:
@@ -164,7 +180,15 @@ async def _call(
         answer = Answer(forwarded.body, status, forwarded.content_type)
         response = None
         error = None
-        if 200 <= status < 300:
+        if exact is not None and exact.response is not None:
+            response = exact.response
+            if translation is None:
+                answer = (
+                    Answer(chat_stream(response, wants_usage_chunk(body)), 200, "text/event-stream")
+                    if stream
+                    else Answer(orjson.dumps(response), 200)
+                )
+        elif 200 <= status < 300:
             try:
                 response = orjson.loads(forwarded.body)
             except orjson.JSONDecodeError:
