@@ -192,7 +192,7 @@ def start_model(delay: float, workdir: Path, scale_out: bool = False) -> tuple[s
         "fake-model", pinned(argv, "others"), workdir / f"model-{port}.log", cwd=ROOT
     ).start()
     url = f"http://127.0.0.1:{port}"
-    proc.wait_http_ok(f"{url}/health")
+    proc.wait_http_ok(f"{url}/health", timeout=120)
     return url, proc
 
 
@@ -206,7 +206,7 @@ def start_gateway(label: str, command: list[str], workdir: Path) -> Gateway:
         f"gateway {label}", pinned(argv, "gateway"), workdir / f"gateway-{port}.log", cwd=ROOT
     ).start()
     url = f"http://127.0.0.1:{port}"
-    proc.wait_http_ok(f"{url}/healthz")
+    proc.wait_http_ok(f"{url}/healthz", timeout=120)  # a busy machine starts it slowly
     return Gateway(label, url, proc)
 
 
