@@ -370,8 +370,10 @@ def main() -> None:
         workdir = Path(tmp)
         for n, delay in scenarios:
             model_url, model = start_model(delay, workdir, args.token_exact)
-            gateways = [start_gateway(label, cmd, workdir) for label, cmd in commands]
+            gateways: list[Gateway] = []
             try:
+                for label, cmd in commands:  # inside the try: one that fails to start stops the others
+                    gateways.append(start_gateway(label, cmd, workdir))
                 paths: dict[str, tuple[list[str], list[str], Gateway | None]] = {
                     "direct": ([f"{model_url}/v1/chat/completions"] * n, [KEY] * n, None)
                 }
