@@ -254,7 +254,10 @@ class ModelRequestData(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    api: Literal["chat.completions", "completions"] = "chat.completions"
+    api: Literal["chat.completions", "completions", "responses", "anthropic.messages"] = Field(
+        "chat.completions",
+        description="the API the agent called (responses and anthropic.messages are served as chat)",
+    )
     mode: Literal["train", "val"] = "train"
     request: dict[str, Any] = Field(default_factory=dict, description="the body the agent sent")
     params: dict[str, Any] = Field(default_factory=dict, description="what the proxy rewrote")

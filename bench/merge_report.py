@@ -8,7 +8,10 @@ calls, as vLLM renders them). The trainer core's trajectory aggregation then tur
 rollout into rows. Two model styles: tool-call JSON as the template writes it (`{"name": …,
 "arguments": …}` with spaces), and compact JSON (no spaces), which a model may also emit.
 
-    .venv/bin/python -m bench.merge_report [--rollouts 3] [--markdown docs-table.md]
+    .venv/bin/python -m bench.merge_report [--rollouts 3] [--markdown docs-table.md] [--pass-through]
+
+By default the model serves vLLM's scale-out endpoints, so the Gateway takes its token path
+(docs/gateway.md, tokens in / tokens out); `--pass-through` measures without them.
 
 Prints a Markdown table: model calls per rollout, rows per rollout (1.00 = every rollout
 merged into one row) and the first reason a merge broke. Needs `.venv-examples` (make).
@@ -116,7 +119,7 @@ def samples(harness: Harness, n: int) -> list[dict]:
     return chosen[:n]
 
 
-def measure(harness: Harness, compact: bool, n: int, work: Path) -> Measured:
+def measure(harness: Harness, compact: bool, n: int, work: Path, token_exact: bool = True) -> Measured:
     policy = tool_then_answer(
         harness.tool,
         expression_for(harness.expressions),
@@ -124,7 +127,9 @@ def measure(harness: Harness, compact: bool, n: int, work: Path) -> Measured:
         compact=compact,
     )
     started = time.perf_counter()
-    with example_stack(policy, harness.example, work, maximum_size=n, agent_env=harness.agent_env) as stack:
+    with example_stack(
+        policy, harness.example, work, maximum_size=n, agent_env=harness.agent_env, scale_out=token_exact
+    ) as stack:
         results: list[RolloutResult] = stack.run(harness.agent, harness.env_map, samples(harness, n))
     failed = [r for r in results if r.state != "succeeded"]
     if failed:
@@ -147,6 +152,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rollouts", type=int, default=3, help="rollouts per harness and model style")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table to this file")
+    parser.add_argument(
+        "--pass-through",
+        action="store_true",
+        help="the model without vLLM's scale-out endpoints: the Gateway passes calls through (v1.0's way)",
+    )
     args = parser.parse_args(argv)
     if not EXAMPLES_PYTHON.exists():
         raise SystemExit(f"{EXAMPLES_PYTHON} is missing: run `make examples-venv` first")
@@ -157,8 +167,9 @@ def main(argv: list[str] | None = None) -> None:
     ]
     with tempfile.TemporaryDirectory(prefix="agl-merge-") as tmp:
         for i, harness in enumerate(HARNESSES):
-            canonical = measure(harness, False, args.rollouts, Path(tmp) / f"{i}-canonical")
-            compact = measure(harness, True, args.rollouts, Path(tmp) / f"{i}-compact")
+            exact = not args.pass_through
+            canonical = measure(harness, False, args.rollouts, Path(tmp) / f"{i}-canonical", exact)
+            compact = measure(harness, True, args.rollouts, Path(tmp) / f"{i}-compact", exact)
             print(
                 f"{harness.label}: {canonical.calls:.2f} calls, {canonical.rows:.2f} / {compact.rows:.2f} rows, "
                 f"reward {canonical.reward:.2f}, {canonical.seconds + compact.seconds:.0f} s",

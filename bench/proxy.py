@@ -14,6 +14,7 @@ the proxy issue, with the CPU time per call of every process.
     .venv/bin/python bench/proxy.py --agent-tokens          # also: agents holding their own tokens
     .venv/bin/python bench/proxy.py --gateway-cmd '/other/venv/bin/agl-server proxy.max_connections=100'
     .venv/bin/python bench/proxy.py --metrics-off     # also a gateway with metrics.enabled=false: the cost of /metrics
+    .venv/bin/python bench/proxy.py --token-exact --scenarios 64:0.05   # pass-through vs tokens in/out vs direct
 
 A gateway command gets `port=… key=… log_level=warning` appended, and `store.url=` a fresh
 SQLite file unless it sets one.
@@ -182,14 +183,16 @@ class Gateway:
     process: ManagedProcess
 
 
-def start_model(delay: float, workdir: Path) -> tuple[str, ManagedProcess]:
+def start_model(delay: float, workdir: Path, scale_out: bool = False) -> tuple[str, ManagedProcess]:
     port = free_port()
     argv = [sys.executable, "-m", "tests.fakes.model_server", "--port", str(port), "--delay", str(delay)]
+    if scale_out:  # render / generate on tokens / derender, as `vllm serve --enable-scale-out`
+        argv.append("--scale-out")
     proc = ManagedProcess(
         "fake-model", pinned(argv, "others"), workdir / f"model-{port}.log", cwd=ROOT
     ).start()
     url = f"http://127.0.0.1:{port}"
-    proc.wait_http_ok(f"{url}/health")
+    proc.wait_http_ok(f"{url}/health", timeout=120)
     return url, proc
 
 
@@ -203,7 +206,7 @@ def start_gateway(label: str, command: list[str], workdir: Path) -> Gateway:
         f"gateway {label}", pinned(argv, "gateway"), workdir / f"gateway-{port}.log", cwd=ROOT
     ).start()
     url = f"http://127.0.0.1:{port}"
-    proc.wait_http_ok(f"{url}/healthz")
+    proc.wait_http_ok(f"{url}/healthz", timeout=120)  # a busy machine starts it slowly
     return Gateway(label, url, proc)
 
 
@@ -302,6 +305,12 @@ def main() -> None:
         help="another gateway command to benchmark side by side (repeatable)",
     )
     parser.add_argument(
+        "--token-exact",
+        action="store_true",
+        help="the model also serves vLLM's scale-out endpoints; run 'ours' on pass-through "
+        "(default_proxy.token_exact=false) and 'exact' on the token path, side by side",
+    )
+    parser.add_argument(
         "--metrics-off",
         action="store_true",
         help="also run a gateway with metrics.enabled=false and print the metrics on/off throughput ratio",
@@ -316,6 +325,11 @@ def main() -> None:
         n, delay = item.split(":")
         scenarios.append((int(n), float(delay)))
     commands = [("ours", [sys.executable, "-m", "agentlightning.server"])]
+    if args.token_exact:
+        commands = [
+            ("ours", [*commands[0][1], "default_proxy.token_exact=false"]),
+            ("exact", [sys.executable, "-m", "agentlightning.server"]),
+        ]
     if args.metrics_off:
         commands.append(
             ("no-metrics", [sys.executable, "-m", "agentlightning.server", "metrics.enabled=false"])
@@ -355,9 +369,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="agl-bench-") as tmp:
         workdir = Path(tmp)
         for n, delay in scenarios:
-            model_url, model = start_model(delay, workdir)
-            gateways = [start_gateway(label, cmd, workdir) for label, cmd in commands]
+            model_url, model = start_model(delay, workdir, args.token_exact)
+            gateways: list[Gateway] = []
             try:
+                for label, cmd in commands:  # inside the try: one that fails to start stops the others
+                    gateways.append(start_gateway(label, cmd, workdir))
                 paths: dict[str, tuple[list[str], list[str], Gateway | None]] = {
                     "direct": ([f"{model_url}/v1/chat/completions"] * n, [KEY] * n, None)
                 }

@@ -61,6 +61,7 @@ class ControllerConfig:
     shutdown_timeout: float = 15.0
     metrics_port: int = -1  # GET /metrics for Prometheus on this port; -1: off, 0: any free port
     metrics_host: str = "127.0.0.1"
+    conventional_env: bool = True  # also OPENAI_BASE_URL/_API_KEY, ANTHROPIC_BASE_URL/_API_KEY/_AUTH_TOKEN
     agl_server: AglServerConfig = field(default_factory=AglServerConfig)
     local_runner: LocalRunnerConfig = field(default_factory=LocalRunnerConfig)
     k8s_runner: K8sRunnerConfig = field(default_factory=K8sRunnerConfig)

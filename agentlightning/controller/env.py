@@ -1,4 +1,5 @@
-"""The environment of one agent: the three `AGL_*` variables plus the rollout's `env_map`."""
+"""The environment of one agent: the `AGL_*` variables, the rollout's `env_map`, and (an option,
+on by default) the same URLs and key under the names harnesses read unchanged."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ from agentlightning.schemas import Rollout
 AGL_OPENAI_BASE_URL = "AGL_OPENAI_BASE_URL"
 AGL_EVENT_URL = "AGL_EVENT_URL"
 AGL_KEY = "AGL_KEY"
-RESERVED = frozenset({AGL_OPENAI_BASE_URL, AGL_EVENT_URL, AGL_KEY})
+AGL_ANTHROPIC_BASE_URL = "AGL_ANTHROPIC_BASE_URL"
+RESERVED = frozenset({AGL_OPENAI_BASE_URL, AGL_EVENT_URL, AGL_KEY, AGL_ANTHROPIC_BASE_URL})
+# An SDK refuses an empty key; with the Gateway's auth off any value passes.
+NO_KEY = "agl-no-key"
 PATH_ROOTS = ("input", "metadata", "rollout_id", "is_train")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -28,10 +32,25 @@ def agl_env(gateway_url: str, key: str, rollout_id: str, attempt_id: str, is_tra
     base = gateway_url.rstrip("/")
     rid, aid = quote(rollout_id, safe=""), quote(attempt_id, safe="")
     mode = "train" if is_train else "val"
+    root = f"{base}/proxy/rollout/{rid}/attempt/{aid}/mode/{mode}"
     return {
-        AGL_OPENAI_BASE_URL: f"{base}/proxy/rollout/{rid}/attempt/{aid}/mode/{mode}/openai/v1",
+        AGL_OPENAI_BASE_URL: f"{root}/openai/v1",
+        AGL_ANTHROPIC_BASE_URL: f"{root}/anthropic",  # the Anthropic SDKs append /v1/messages
         AGL_EVENT_URL: f"{base}/api/rollouts/{rid}/attempt/{aid}/events",
         AGL_KEY: key,
+    }
+
+
+def conventional_env(agl: Mapping[str, str]) -> dict[str, str]:
+    """The agent's base URLs and scoped key under the names the OpenAI and Anthropic SDKs (and
+    harnesses built on them: Codex CLI, Claude Code, ...) read unchanged."""
+    key = agl[AGL_KEY] or NO_KEY
+    return {
+        "OPENAI_BASE_URL": agl[AGL_OPENAI_BASE_URL],
+        "OPENAI_API_KEY": key,
+        "ANTHROPIC_BASE_URL": agl[AGL_ANTHROPIC_BASE_URL],
+        "ANTHROPIC_API_KEY": key,
+        "ANTHROPIC_AUTH_TOKEN": key,
     }
 
 
@@ -94,11 +113,20 @@ def env_map_values(rollout: Rollout, env_map: Mapping[str, str]) -> dict[str, st
 
 
 def agent_env(
-    rollout: Rollout, attempt_id: str, gateway_url: str, key: str, base: Mapping[str, str] | None = None
+    rollout: Rollout,
+    attempt_id: str,
+    gateway_url: str,
+    key: str,
+    base: Mapping[str, str] | None = None,
+    conventional: bool = True,
 ) -> dict[str, str]:
-    """The full environment of one agent: `base` (e.g. the controller's own), env_map, then AGL_*."""
+    """The full environment of one agent: `base` (e.g. the controller's own), the conventional
+    names (when on), env_map (it may set those names itself), then AGL_*."""
     env = dict(base or {})
+    agl = agl_env(gateway_url, key, rollout.rollout_id, attempt_id, rollout.is_train)
+    if conventional:
+        env.update(conventional_env(agl))
     if rollout.config.local is not None:
         env.update(env_map_values(rollout, rollout.config.local.env_map))
-    env.update(agl_env(gateway_url, key, rollout.rollout_id, attempt_id, rollout.is_train))
+    env.update(agl)
     return env

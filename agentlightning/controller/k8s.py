@@ -24,7 +24,7 @@ import kr8s.asyncio
 from kr8s.asyncio.objects import Job, Pod
 
 from agentlightning.controller.config import ControllerConfig
-from agentlightning.controller.env import agl_env
+from agentlightning.controller.env import agl_env, conventional_env
 from agentlightning.controller.k8s_job import (
     ATTEMPT_LABEL,
     MANAGED_BY,
@@ -199,6 +199,10 @@ class K8sRunner(Runner):
     def claim_fields(self, rollout: Rollout, attempt_id: str) -> dict[str, Any]:
         return {"k8s_job_name": job_name(rollout.rollout_id, attempt_id)}
 
+    def _agent_env(self, key: str, rollout: Rollout, attempt_id: str) -> dict[str, str]:
+        agl = agl_env(self.agent_url, key, rollout.rollout_id, attempt_id, rollout.is_train)
+        return {**conventional_env(agl), **agl} if self.config.conventional_env else agl
+
     def _job_spec(self, rollout: Rollout, attempt_id: str, name: str, key: str) -> dict[str, Any]:
         if rollout.config.k8s is None:
             raise JobSpecError("the rollout has no config.k8s.job_template; the k8s runner needs one")
@@ -219,7 +223,7 @@ class K8sRunner(Runner):
             attempt_id=attempt_id,
             timeout_seconds=rollout.config.timeout_seconds,
             ttl_after_finished=self.k8s.ttl_after_finished,
-            env=agl_env(self.agent_url, key, rollout.rollout_id, attempt_id, rollout.is_train),
+            env=self._agent_env(key, rollout, attempt_id),
         )
 
     async def launch(self, rollout: Rollout, attempt_id: str) -> Handle:

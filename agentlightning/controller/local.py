@@ -271,7 +271,9 @@ class LocalRunner(Runner):
         try:
             parse_agent_class(local.agent_class)
             key = await self.agent_key(rollout.rollout_id, attempt_id)
-            env = agent_env(rollout, attempt_id, self.gateway_url, key, base=os.environ)
+            env = agent_env(
+                rollout, attempt_id, self.gateway_url, key, os.environ, self.config.conventional_env
+            )
         except (AgentClassError, EnvMapError) as exc:
             raise LaunchError(str(exc)) from None
         files = AttemptFiles(self.log_dir, rollout.rollout_id, attempt_id)

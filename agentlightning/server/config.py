@@ -19,6 +19,7 @@ class DefaultProxyConfig:
     model_name: str = "policy"
     include_log_probs: bool = True
     include_routed_experts: bool = False  # MoE routing replay (R3): record vLLM's routed_experts
+    token_exact: bool = True  # tokens in / tokens out where the upstream serves it (proxy/token_exact.py)
     train: ModeConfig = field(default_factory=lambda: ModeConfig(temperature=1.0))
     val: ModeConfig = field(default_factory=lambda: ModeConfig(temperature=0.7))
 

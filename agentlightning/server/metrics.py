@@ -101,6 +101,7 @@ class GatewayMetrics(Collector):
         self.upstream_latency = FastHistogram(CALL_BUCKETS)
         self.retries = 0
         self.paused_answers = 0
+        self.history_breaks: dict[str, int] = {}  # calls whose prompt does not continue the attempt's last
         self.events: dict[str, int] = {}
         self.store_latency: dict[str, FastHistogram] = {}
         self.call_rate = CallRate()
@@ -128,6 +129,9 @@ class GatewayMetrics(Collector):
         self.paused_answers += 1
         key = (mode, 429)
         self.calls[key] = self.calls.get(key, 0) + 1
+
+    def history_break(self, reason: str) -> None:
+        self.history_breaks[reason] = self.history_breaks.get(reason, 0) + 1
 
     def event_written(self, event_type: str) -> None:
         events = self.events
@@ -167,6 +171,14 @@ class GatewayMetrics(Collector):
         yield CounterMetricFamily(
             "agl_proxy_paused_answers", "calls answered 429 because the proxy was paused", self.paused_answers
         )
+        breaks = CounterMetricFamily(
+            "agl_proxy_history_breaks",
+            "calls whose prompt does not continue the attempt's previous call (a new segment), by reason",
+            labels=["reason"],
+        )
+        for reason, n in sorted(self.history_breaks.items()):
+            breaks.add_metric([reason], n)
+        yield breaks
         inflight, paused = self.proxy_state()
         yield GaugeMetricFamily("agl_proxy_inflight", "model calls in flight through the proxy", inflight)
         yield GaugeMetricFamily("agl_proxy_paused", "1 while the proxy is paused for a weight update", paused)

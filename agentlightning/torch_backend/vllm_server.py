@@ -88,6 +88,8 @@ class VLLMServerConfig:
     gpu_memory_utilization: float | None = None
     enforce_eager: bool = True  # no graph compilation: ready in ~20 s instead of ~50 s on CPU
     tool_call_parser: str | None = "hermes"  # None: no automatic tool choice
+    # render / generate-on-tokens / derender endpoints, for the Gateway's token-exact proxy
+    enable_scale_out: bool = True
     host: str = "127.0.0.1"
     seed: int = 0
     start_timeout_seconds: float = 600.0
@@ -215,6 +217,8 @@ class VLLMServer:
             argv += ["--enable-auto-tool-choice", "--tool-call-parser", c.tool_call_parser]
         if c.max_lora_rank > 0:
             argv += ["--enable-lora", "--max-lora-rank", str(vllm_lora_rank(c.max_lora_rank))]
+        if c.enable_scale_out:
+            argv.append("--enable-scale-out")
         return argv + list(c.extra_args)
 
     def env(self) -> dict[str, str]:

@@ -1,10 +1,10 @@
 """An OpenAI Agents SDK agent with a function tool, trained in its own harness.
 
-`Agent` + `Runner.run` as any Agents SDK user writes them; the only training-specific lines
-point the SDK's chat-completions model at the Gateway: `OpenAIChatCompletionsModel` on an
-`AsyncOpenAI` client with `AGL_OPENAI_BASE_URL` / `AGL_KEY` (the Gateway proxies the Chat
-Completions API, not the Responses API the SDK uses by default), and tracing off (it would
-upload traces to OpenAI). The task is arithmetic: the agent calls `calculate`, then answers
+`Agent` + `Runner.run` as any Agents SDK user writes them, on the SDK's default model (the
+OpenAI Responses API, which the Gateway serves). The only training-specific lines point the
+SDK's default client at the Gateway (`AGL_OPENAI_BASE_URL` / `AGL_KEY`; the Controller also sets
+`OPENAI_BASE_URL` / `OPENAI_API_KEY`, which the SDK reads by itself) and turn tracing off (it
+would upload traces to OpenAI). The task is arithmetic: the agent calls `calculate`, then answers
 `ANSWER: <number>`; the reward is 1.0 when the number equals `RESULT`.
 
 Environment: `AGL_OPENAI_BASE_URL`, `AGL_EVENT_URL`, `AGL_KEY`, `QUESTION`, `RESULT`
@@ -24,9 +24,9 @@ import httpx
 from agents import (
     Agent,
     ModelSettings,
-    OpenAIChatCompletionsModel,
     Runner,
     function_tool,
+    set_default_openai_client,
     set_tracing_disabled,
 )
 from openai import AsyncOpenAI
@@ -84,12 +84,12 @@ def reward(final_output: str, result: str) -> float:
         return 0.0
 
 
-def build_agent(client: AsyncOpenAI) -> Agent:
+def build_agent() -> Agent:
     return Agent(
         name="calculator",
         instructions=INSTRUCTIONS,
         tools=[calculate],
-        model=OpenAIChatCompletionsModel(model="policy", openai_client=client),
+        model="policy",  # the SDK's default model class: Responses API
         model_settings=ModelSettings(max_tokens=1024),
     )
 
@@ -126,8 +126,9 @@ class AgentsSdkAgent:
             max_retries=6,
             timeout=300.0,
         )
+        set_default_openai_client(client, use_for_tracing=False)
         try:
-            result = await Runner.run(build_agent(client), os.environ["QUESTION"], max_turns=MAX_TURNS)
+            result = await Runner.run(build_agent(), os.environ["QUESTION"], max_turns=MAX_TURNS)
             output = str(result.final_output)
         finally:
             await client.close()

@@ -102,13 +102,27 @@ def test_env_map_rejects_reserved_and_invalid_names(name: str) -> None:
 
 def test_agent_env_has_the_contract_variables_and_wins_over_the_base() -> None:
     r = rollout({"q": "hi"}, {"Q": "input.q"}, is_train=False)
-    env = agent_env(r, "attempt-1-x", "http://gw:81/", "k", base={"AGL_KEY": "stale", "PATH": "/bin"})
+    base = {"AGL_KEY": "stale", "PATH": "/bin", "OPENAI_API_KEY": "the user's own"}
+    env = agent_env(r, "attempt-1-x", "http://gw:81/", "k", base=base, conventional=False)
+    root = "http://gw:81/proxy/rollout/r-1/attempt/attempt-1-x/mode/val"
     assert env == {
         "PATH": "/bin",
+        "OPENAI_API_KEY": "the user's own",
         "Q": "hi",
-        "AGL_OPENAI_BASE_URL": "http://gw:81/proxy/rollout/r-1/attempt/attempt-1-x/mode/val/openai/v1",
+        "AGL_OPENAI_BASE_URL": f"{root}/openai/v1",
+        "AGL_ANTHROPIC_BASE_URL": f"{root}/anthropic",
         "AGL_EVENT_URL": "http://gw:81/api/rollouts/r-1/attempt/attempt-1-x/events",
         "AGL_KEY": "k",
+    }
+    # On by default: the names harnesses read, with the attempt's key; env_map may still set them.
+    r = rollout({"q": "hi", "url": "http://mine/v1"}, {"OPENAI_BASE_URL": "input.url"}, is_train=False)
+    env = agent_env(r, "attempt-1-x", "http://gw:81/", "k", base=base)
+    assert {k: v for k, v in env.items() if k.startswith(("OPENAI_", "ANTHROPIC_"))} == {
+        "OPENAI_BASE_URL": "http://mine/v1",
+        "OPENAI_API_KEY": "k",
+        "ANTHROPIC_BASE_URL": f"{root}/anthropic",
+        "ANTHROPIC_API_KEY": "k",
+        "ANTHROPIC_AUTH_TOKEN": "k",
     }
 
 

@@ -138,6 +138,7 @@ def example_stack(
     *controller_overrides: str,
     maximum_size: int = 2,
     agent_env: dict[str, str] | None = None,
+    scale_out: bool = False,
 ) -> Iterator[Stack]:
     """Scripted model, Gateway and Controller (agents in `examples/{example}` run by .venv-examples).
     `agent_env`: extra environment of the Controller, which its agents inherit."""
@@ -146,7 +147,7 @@ def example_stack(
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     procs: list[ManagedProcess] = []
-    with ScriptedChatModel(policy) as model:
+    with ScriptedChatModel(policy, scale_out=scale_out) as model:
         try:
             gateway = ManagedProcess(
                 "agl-server",

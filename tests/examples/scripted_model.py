@@ -312,9 +312,14 @@ def chat_response(body: dict[str, Any], policy: Policy) -> dict[str, Any]:
 class ScriptedChatModel:
     """The scripted model on a loopback port, in a background thread (aiohttp)."""
 
-    def __init__(self, policy: Policy, host: str = "127.0.0.1") -> None:
+    def __init__(self, policy: Policy, host: str = "127.0.0.1", scale_out: bool = False) -> None:
         self.policy = policy
         self.host = host
+        # vLLM's scale-out endpoints (render / generate on tokens / derender), as with
+        # `vllm serve --enable-scale-out`; without them the Gateway passes calls through.
+        self.scale_out = scale_out
+        self._rendered: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]] | None]] = {}
+        self._generated: dict[tuple[int, ...], str] = {}
         self.requests: list[dict[str, Any]] = []
         self.errors: list[str] = []
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -344,8 +349,74 @@ class ScriptedChatModel:
             return web.json_response(error, status=400)
         return web.json_response(answer)
 
+    async def _scale_out(self, request: web.Request) -> web.Response:
+        if not self.scale_out:
+            return web.json_response({"error": {"message": "Scale-out endpoints are disabled"}}, status=403)
+        try:
+            body = await request.json()
+            if request.path.endswith("/render"):
+                answer = await asyncio.to_thread(self._render, body)
+            elif request.path.endswith("/derender"):
+                answer = self._derender(body)
+            else:
+                answer = await asyncio.to_thread(self._generate, body)
+        except Exception as exc:
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+            return web.json_response({"error": {"message": str(exc), "code": 400}}, status=400)
+        return web.json_response(answer)
+
+    def _render(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.requests.append(body)
+        key = f"render-{next(_ids)}"
+        # The policy chooses text from the messages: generate finds them by this key (a field
+        # of the render answer, which the Gateway sends back with the token ids).
+        self._rendered[key] = (body["messages"], body.get("tools"))
+        prompt_ids = encode(render_prompt(body["messages"], body.get("tools")))
+        sampling = {"max_tokens": body.get("max_tokens"), "logprobs": 0 if body.get("logprobs") else None}
+        return {
+            "token_ids": prompt_ids,
+            "sampling_params": sampling,
+            "model": body.get("model"),
+            "scripted": key,
+        }
+
+    def _generate(self, body: dict[str, Any]) -> dict[str, Any]:
+        messages, tools = self._rendered.pop(body["scripted"])
+        text = self.policy(messages, tools)
+        ids = [*encode(text), build_tokenizer().convert_tokens_to_ids("<|im_end|>")]
+        self._generated[tuple(ids)] = text
+        logprobs = None
+        if (body.get("sampling_params") or {}).get("logprobs") is not None:
+            logprobs = {
+                "content": [{"token_id": t, "logprob": token_logprob(t, p)} for p, t in enumerate(ids)]
+            }
+        calls = hermes_parse(text)[1]
+        choice = {"index": 0, "token_ids": ids, "finish_reason": "stop", "logprobs": logprobs}
+        return {"request_id": f"gen-{next(_ids)}", "choices": [choice], "tool_calls_seen": len(calls)}
+
+    def _derender(self, body: dict[str, Any]) -> dict[str, Any]:
+        ids = body["generate_response"]["choices"][0]["token_ids"]
+        content, calls = hermes_parse(self._generated.pop(tuple(ids)))
+        message = {"role": "assistant", "content": content, "tool_calls": calls, "reasoning_content": None}
+        prompt_tokens = int(body.get("prompt_tokens") or 0)
+        return {
+            "id": f"chatcmpl-{next(_ids)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model"),
+            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": len(ids),
+                "total_tokens": prompt_tokens + len(ids),
+            },
+        }
+
     async def _serve(self) -> None:
         app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions/render", self._scale_out)
+        app.router.add_post("/v1/chat/completions/derender", self._scale_out)
+        app.router.add_post("/inference/v1/generate", self._scale_out)
         app.router.add_post("/v1/chat/completions", self._chat)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()

@@ -23,6 +23,12 @@ In-process, for tests::
 As a process, for benchmarks: `python -m tests.fakes.model_server --port 8000 --delay 0.05`.
 A process is scripted over HTTP: `POST /fake/script` (a list of Reply objects as JSON),
 `GET /fake/requests`, `POST /fake/reset`, `POST /fake/gates/{name}/open`.
+
+With `state.scale_out` (`--scale-out`) it also serves vLLM's scale-out endpoints, as
+`vllm serve --enable-scale-out` does: `POST /v1/chat/completions/render` (the toy template's
+prompt ids), `POST /inference/v1/generate` (the scripted answer's ids and log-probs) and
+`POST /v1/chat/completions/derender` (those ids back into the chat message); without it they
+answer 403, as vLLM does without the flag.
 """
 
 from __future__ import annotations
@@ -229,6 +235,9 @@ class FakeState:
         # Routes on every non-streamed answer, asked or not: vLLM 0.32 serving with
         # `enable_return_routed_experts` (its OpenAI API has no per-request switch).
         self.routes_always = False
+        # vLLM's scale-out endpoints (`--enable-scale-out`): render, generate on tokens, derender.
+        self.scale_out = False
+        self.generated: dict[tuple[int, ...], tuple[_Answer, str]] = {}  # for derender: ids → answer, id
         self._lock = threading.Lock()
         self._script: list[Reply] = []
         self.requests: deque[dict[str, Any]] = deque(maxlen=10000)
@@ -598,7 +607,88 @@ def build_app(state: FakeState) -> web.Application:
         state.open_gate(request.match_info["name"])
         return web.json_response({"status": "ok"})
 
+    # --- vLLM's scale-out endpoints (only with state.scale_out; else 403, as vLLM without the flag)
+
+    async def scale_out(request: web.Request) -> web.Response:
+        if not state.scale_out:  # not logged: the Gateway's capability check, not a call
+            return _error(403, "Scale-out endpoints are disabled")
+        raw = await request.read()
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            return _error(400, f"request body is not valid JSON: {exc}")
+        state.enter(request.path, body)
+        try:
+            if request.path.endswith("/render"):
+                return _json(_render(body))
+            if request.path.endswith("/derender"):
+                return _json(_derender(body))
+            return _json(await _generate(body))
+        except (ValueError, TypeError, KeyError) as exc:
+            return _error(400, str(exc))
+        finally:
+            state.leave()
+
+    def _render(body: dict[str, Any]) -> dict[str, Any]:
+        call = _Call("chat", body)
+        sampling = {"max_tokens": call.max_tokens, "logprobs": 0 if call.logprobs else None}
+        return {
+            "request_id": call.id,
+            "token_ids": call.prompt_ids,
+            "sampling_params": sampling,
+            "model": call.model,
+        }
+
+    async def _generate(body: dict[str, Any]) -> dict[str, Any]:
+        prompt = body["token_ids"]
+        if not isinstance(prompt, list) or not prompt:
+            raise ValueError("'token_ids' must be a non-empty list")
+        sampling = body.get("sampling_params") or {}
+        reply = state.take("")
+        delay = reply.delay or state.delay
+        if delay:
+            await asyncio.sleep(delay)
+        answer = _answer(reply, state.default_content or "ok", sampling.get("max_tokens"))
+        ids = [t.id for t in answer.tokens]
+        request_id = f"gen-{next(_ids)}"
+        if len(state.generated) > 10000:
+            state.generated.clear()
+        state.generated[tuple(ids)] = (answer, request_id)
+        logprobs = None
+        if sampling.get("logprobs") is not None:
+            logprobs = {
+                "content": [{"token_id": t, "logprob": token_logprob(t, p)} for p, t in enumerate(ids)]
+            }
+        choice = {"index": 0, "token_ids": ids, "finish_reason": answer.finish_reason, "logprobs": logprobs}
+        return {"request_id": request_id, "choices": [choice], "usage": _usage(len(prompt), len(ids))}
+
+    def _derender(body: dict[str, Any]) -> dict[str, Any]:
+        generated = body["generate_response"]["choices"][0]
+        answer, request_id = state.generated[tuple(generated["token_ids"])]
+        calls = [_tool_call_json(c, f"call_{request_id}_{i}") for i, c in enumerate(answer.tool_calls)]
+        message = {
+            "role": "assistant",
+            "content": answer.content if (answer.content or not calls) else None,
+            "tool_calls": calls,
+        }
+        return {
+            "id": f"chatcmpl-{request_id}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model"),
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": answer.finish_reason, "logprobs": None}
+            ],
+            "usage": _usage(int(body.get("prompt_tokens") or 0), len(answer.tokens)),
+        }
+
+    def _json(payload: dict[str, Any]) -> web.Response:
+        return web.Response(body=orjson.dumps(payload), content_type="application/json")
+
     app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/v1/chat/completions/render", scale_out)
+    app.router.add_post("/v1/chat/completions/derender", scale_out)
+    app.router.add_post("/inference/v1/generate", scale_out)
     app.router.add_post("/v1/chat/completions", completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)
@@ -717,6 +807,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--delay", type=float, default=0.0, help="seconds before every answer")
     parser.add_argument("--content", default=None, help="the default answer text")
     parser.add_argument("--served-model-name", default=None, help="answer 404 to other model names")
+    parser.add_argument("--scale-out", action="store_true", help="serve render / generate / derender")
     args = parser.parse_args(argv)
     try:
         import uvloop
@@ -725,6 +816,7 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError:
         pass
     state = FakeState(args.delay, args.content, args.served_model_name)
+    state.scale_out = args.scale_out
     web.run_app(
         build_app(state),
         host=args.host,

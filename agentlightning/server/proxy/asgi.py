@@ -2,7 +2,7 @@
 
 Every agent call goes through here, thousands per second. FastAPI's routing, dependency
 solving and exception layers cost more CPU per call than the proxying itself (profiled
-under `bench/proxy.py`), so the two call routes are matched with one regex and handled
+under `bench/proxy.py`), so the call routes are matched with one regex and handled
 directly; everything else, including malformed proxy URLs, falls through to the app.
 This middleware sits inside auth and the body limit, so both still apply.
 """
@@ -23,9 +23,15 @@ from agentlightning.server.store import StoreUnavailable
 log = get_logger("proxy")
 _ID = r"([^/\s]{1,256})"
 HOT_PATH = re.compile(
-    rf"^/proxy/rollout/{_ID}/attempt/{_ID}/mode/([^/]+)/openai/v1/(chat/completions|completions)$"
+    rf"^/proxy/rollout/{_ID}/attempt/{_ID}/mode/([^/]+)/"
+    r"(openai/v1/chat/completions|openai/v1/completions|openai/v1/responses|anthropic/v1/messages)$"
 )
-APIS: dict[str, Api] = {"chat/completions": "chat.completions", "completions": "completions"}
+APIS: dict[str, Api] = {
+    "openai/v1/chat/completions": "chat.completions",
+    "openai/v1/completions": "completions",
+    "openai/v1/responses": "responses",
+    "anthropic/v1/messages": "anthropic.messages",
+}
 
 
 class ProxyFastPath:
@@ -61,5 +67,7 @@ class ProxyFastPath:
             )
         except Exception as exc:
             log.exception("proxy_call_failed", rollout_id=rollout_id, path=scope["path"])
-            response = error_answer(500, f"internal error: {type(exc).__name__}: {exc}", "internal_error")
+            response = error_answer(
+                500, f"internal error: {type(exc).__name__}: {exc}", "internal_error", api=APIS[tail]
+            )
         await response(scope, receive, send)

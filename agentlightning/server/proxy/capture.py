@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from agentlightning.schemas import EVENT_MODEL_REQUEST, Model
@@ -25,6 +26,7 @@ class CallRecord:
         params: dict[str, Any],
         stream: bool,
     ) -> None:
+        self.before_save: Callable[[], None] | None = None  # e.g. noting the call's token segment
         self.rollout_id = rollout_id
         self.attempt_id = attempt_id
         self.timestamp = timestamp
@@ -80,6 +82,8 @@ class CallRecord:
 
     async def save(self, store: Store) -> int:
         """Append durably. Raises RolloutNotFound when the rollout was deleted meanwhile."""
+        if self.before_save is not None:
+            self.before_save()
         try:
             record = make_record(
                 self.rollout_id, self.attempt_id, EVENT_MODEL_REQUEST, self.data, self.timestamp

@@ -15,17 +15,26 @@ import orjson
 from starlette.responses import Response
 
 from agentlightning.log import get_logger
+from agentlightning.server.proxy import anthropic_messages, openai_responses
 from agentlightning.server.proxy.capture import CallRecord
 from agentlightning.server.proxy.experts import pop_routed_experts
 from agentlightning.server.proxy.responses import Answer, StreamAnswer, error_answer, paused_answer
 from agentlightning.server.proxy.rewrite import Api, pick_endpoint, rewrite, wants_usage_chunk
+from agentlightning.server.proxy.token_exact import chat_stream
+from agentlightning.server.proxy.translate import ApiInputError
 from agentlightning.server.state import GatewayState
 from agentlightning.server.store import RolloutNotFound
 from agentlightning.server.triplet import model_request_triplet
 
 log = get_logger("proxy")
 MODES = ("train", "val")
-UPSTREAM_PATHS: dict[Api, str] = {"chat.completions": "/chat/completions", "completions": "/completions"}
+UPSTREAM_PATHS: dict[Api, str] = {
+    "chat.completions": "/chat/completions",
+    "completions": "/completions",
+    "responses": "/chat/completions",  # translated (openai_responses.py)
+    "anthropic.messages": "/chat/completions",  # translated (anthropic_messages.py)
+}
+TRANSLATIONS = {"responses": openai_responses, "anthropic.messages": anthropic_messages}
 
 
 async def handle_call(
@@ -38,12 +47,14 @@ async def handle_call(
 ) -> Response:
     """The answer to one agent call. The in-flight count covers it until its last byte is sent."""
     if mode not in MODES:
-        return error_answer(404, f"unknown mode '{mode}' in the proxy URL: use train or val", "not_found")
+        return error_answer(
+            404, f"unknown mode '{mode}' in the proxy URL: use train or val", "not_found", api=api
+        )
     runtime = state.proxy
     if runtime.paused:
         if state.metrics is not None:
             state.metrics.paused_answer(mode)
-        return paused_answer(runtime.retry_after_seconds, runtime.reason)
+        return paused_answer(runtime.retry_after_seconds, runtime.reason, api)
     # Counted from here, with no await since the pause check: a drain cannot miss this call.
     runtime.inflight += 1
     handed_over = False
@@ -80,6 +91,9 @@ async def _call(
             metrics.observe_call(
                 mode, d["http_status"] or 0, time.perf_counter() - started, upstream_s, d["retries"]
             )
+            broken = (d.get("segment") or {}).get("break")
+            if broken is not None:
+                metrics.history_break(broken["reason"])
 
     def rollout_gone() -> None:
         runtime.forget(rollout_id)
@@ -87,27 +101,54 @@ async def _call(
     if not runtime.is_known(rollout_id):
         forgotten = runtime.forgotten
         if await state.store.get_rollout(rollout_id) is None:
-            return error_answer(404, str(RolloutNotFound(rollout_id)), "not_found")
+            return error_answer(404, str(RolloutNotFound(rollout_id)), "not_found", api=api)
         runtime.remember(rollout_id, forgotten)
     try:
         body = orjson.loads(await read_body())
     except orjson.JSONDecodeError as exc:
-        return error_answer(400, f"request body is not valid JSON: {exc}", "invalid_request_error")
+        return error_answer(400, f"request body is not valid JSON: {exc}", "invalid_request_error", api=api)
     if not isinstance(body, dict):
         return error_answer(
-            400, "request body must be a JSON object (an OpenAI request)", "invalid_request_error"
+            400,
+            "request body must be a JSON object (a request of the API called)",
+            "invalid_request_error",
+            api=api,
         )
 
     config = state.config.default_proxy
-    params = rewrite(body, api, mode, config)
     stream = body.get("stream") is True
+    translation = TRANSLATIONS.get(api)
+    if translation is None:
+        upstream_body = body
+        params = rewrite(body, api, mode, config)
+    else:
+        # Served as a non-streamed chat call; the agent's stream is made from its answer.
+        try:
+            upstream_body = translation.to_chat(body)
+        except ApiInputError as exc:
+            return error_answer(400, str(exc), "invalid_request_error", api=api)
+        params = rewrite(upstream_body, "chat.completions", mode, config)
     record = CallRecord(rollout_id, attempt_id, timestamp, api, mode, body, params, stream)
-    forwarded = await runtime.upstream.forward(
-        lambda: pick_endpoint(state.models.endpoints(config.model_name), rollout_id),
-        UPSTREAM_PATHS[api],
-        orjson.dumps({**body, **params}),
-        stream,
-    )
+    if translation is not None:
+        record.data["chat_request"] = upstream_body
+    exact = None
+    if config.token_exact and api != "completions":
+        model = pick_endpoint(state.models.endpoints(config.model_name), rollout_id)
+        if model is not None and runtime.tokens.serves(model.endpoint) is not False:
+            exact = await runtime.tokens.call(model, upstream_body, params, rollout_id, attempt_id)
+    if exact is not None:
+        forwarded = exact.forwarded
+        forwarded.tries = exact.tries
+        record.data["segment"] = exact.segment
+    else:
+        forwarded = await runtime.upstream.forward(
+            lambda: pick_endpoint(state.models.endpoints(config.model_name), rollout_id),
+            UPSTREAM_PATHS[api],
+            orjson.dumps({**upstream_body, **params}),
+            stream and translation is None,
+        )
+        if api != "completions":
+            record.before_save = lambda: runtime.tokens.observe(record, upstream_body)
     upstream_s = time.perf_counter() - started
     routes = None
     if forwarded.stream is not None:
@@ -122,11 +163,11 @@ async def _call(
             f"no inference server is registered for model '{config.model_name}': "
             "register one with POST /api/models (the trainer does this when it starts)"
         )
-        answer = error_answer(503, message, "no_endpoint")
+        answer = error_answer(503, message, "no_endpoint", api=api)
         record.finish(http_status=503, latency_ms=latency_ms, model=None, tries=0, error=message)
     elif forwarded.error is not None:  # retries used up
         kind = "upstream_timeout" if status == 504 else "upstream_error"
-        answer = error_answer(status, forwarded.error, kind)
+        answer = error_answer(status, forwarded.error, kind, api=api)
         record.finish(
             http_status=status,
             latency_ms=latency_ms,
@@ -139,7 +180,15 @@ async def _call(
         answer = Answer(forwarded.body, status, forwarded.content_type)
         response = None
         error = None
-        if 200 <= status < 300:
+        if exact is not None and exact.response is not None:
+            response = exact.response
+            if translation is None:
+                answer = (
+                    Answer(chat_stream(response, wants_usage_chunk(body)), 200, "text/event-stream")
+                    if stream
+                    else Answer(orjson.dumps(response), 200)
+                )
+        elif 200 <= status < 300:
             try:
                 response = orjson.loads(forwarded.body)
             except orjson.JSONDecodeError:
@@ -155,6 +204,17 @@ async def _call(
             error = (
                 f"the inference server answered {status}: {forwarded.body[:1000].decode(errors='replace')}"
             )
+            if translation is not None:  # in the agent's API's error shape, with the server's status
+                answer = error_answer(status, error, "upstream_error", api=api)
+        if translation is not None and error is not None and 200 <= status < 300:
+            answer = error_answer(502, error, "upstream_error", api=api)
+        elif translation is not None and isinstance(response, dict):
+            api_response = translation.from_chat(response, body)
+            record.data["api_response"] = api_response
+            if stream:
+                answer = Answer(translation.stream_events(api_response), status, "text/event-stream")
+            else:
+                answer = Answer(orjson.dumps(api_response), status)
         record.finish(
             http_status=status,
             latency_ms=latency_ms,
@@ -170,7 +230,7 @@ async def _call(
             await _save_with_routes(state, record, routes)
     except RolloutNotFound as exc:
         rollout_gone()
-        return error_answer(404, str(exc), "not_found")
+        return error_answer(404, str(exc), "not_found", api=api)
     answer.done = done
     return answer
 

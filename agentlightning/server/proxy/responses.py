@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from agentlightning.log import get_logger
+from agentlightning.server.proxy.anthropic_messages import error_body as anthropic_error_body
 from agentlightning.server.proxy.capture import CallRecord
 from agentlightning.server.proxy.sse import DONE, EventSplitter, StreamAssembler, event_data, parse_event
 from agentlightning.server.proxy.upstream import Forwarded
@@ -26,8 +27,11 @@ from agentlightning.server.store import RolloutNotFound, Store
 log = get_logger("proxy")
 
 
-def error_body(status: int, message: str, kind: str) -> bytes:
-    """An OpenAI-shaped error (for agents' SDKs) that also carries the Gateway's `detail`."""
+def error_body(status: int, message: str, kind: str, api: str = "chat.completions") -> bytes:
+    """An error in the shape of the agent's API: OpenAI's (also carrying the Gateway's `detail`)
+    or, on the Anthropic route, Anthropic's `{type: error, error: {type, message}}`."""
+    if api == "anthropic.messages":
+        return anthropic_error_body(status, message)
     return orjson.dumps({"detail": message, "error": {"message": message, "type": kind, "code": status}})
 
 
@@ -53,11 +57,13 @@ class Answer(Response):
                 self.done()
 
 
-def error_answer(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> Answer:
-    return Answer(error_body(status, message, kind), status, headers=headers)
+def error_answer(
+    status: int, message: str, kind: str, headers: dict[str, str] | None = None, api: str = "chat.completions"
+) -> Answer:
+    return Answer(error_body(status, message, kind, api), status, headers=headers)
 
 
-def paused_answer(retry_after_seconds: float, reason: str | None) -> Answer:
+def paused_answer(retry_after_seconds: float, reason: str | None, api: str = "chat.completions") -> Answer:
     message = "the model proxy is paused for a weight update; retry later"
     if reason:
         message += f" ({reason})"
@@ -66,7 +72,7 @@ def paused_answer(retry_after_seconds: float, reason: str | None) -> Answer:
         "retry-after-ms": str(int(retry_after_seconds * 1000)),  # read first by the OpenAI SDKs
         "X-Agl-Paused": "true",
     }
-    return error_answer(429, message, "paused", headers)
+    return error_answer(429, message, "paused", headers, api)
 
 
 _STREAM_HEADERS = [

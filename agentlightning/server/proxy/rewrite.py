@@ -8,7 +8,7 @@ from typing import Any, Literal
 from agentlightning.schemas import Model
 from agentlightning.server.config import DefaultProxyConfig
 
-Api = Literal["chat.completions", "completions"]
+Api = Literal["chat.completions", "completions", "responses", "anthropic.messages"]
 
 
 def rewrite(body: dict[str, Any], api: Api, mode: str, config: DefaultProxyConfig) -> dict[str, Any]:

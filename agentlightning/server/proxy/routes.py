@@ -18,7 +18,9 @@ from agentlightning.server.state import get_state
 
 log = get_logger("proxy")
 router = APIRouter(tags=["proxy"])
-BASE = "/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/openai/v1"
+ROOT = "/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}"
+BASE = ROOT + "/openai/v1"
+ANTHROPIC_BASE = ROOT + "/anthropic/v1"
 PathId = Annotated[str, Path(pattern=ID_PATTERN)]
 
 
@@ -36,14 +38,41 @@ async def completions(rollout_id: PathId, attempt_id: PathId, mode: str, request
     return await handle_call(get_state(request), request.body, rollout_id, attempt_id, mode, "completions")
 
 
+@router.post(BASE + "/responses", response_class=Response)
+async def responses(rollout_id: PathId, attempt_id: PathId, mode: str, request: Request) -> Response:
+    """OpenAI Responses API (stateless), streamed or not, served as a chat call and recorded as one."""
+    return await handle_call(get_state(request), request.body, rollout_id, attempt_id, mode, "responses")
+
+
+@router.post(ANTHROPIC_BASE + "/messages", response_class=Response)
+async def anthropic_messages(rollout_id: PathId, attempt_id: PathId, mode: str, request: Request) -> Response:
+    """Anthropic Messages API, streamed or not, served as a chat call and recorded as one."""
+    return await handle_call(
+        get_state(request), request.body, rollout_id, attempt_id, mode, "anthropic.messages"
+    )
+
+
+_SERVED = "POST .../openai/v1/chat/completions, .../completions, .../responses and .../anthropic/v1/messages"
+
+
 @router.api_route(
     BASE + "/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False
 )
 async def other_paths(rest: str) -> Response:
+    return error_answer(404, f"the model proxy serves {_SERVED}, not 'openai/v1/{rest}'", "not_found")
+
+
+@router.api_route(
+    ANTHROPIC_BASE + "/{rest:path}",
+    methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+    include_in_schema=False,
+)
+async def other_anthropic_paths(rest: str) -> Response:
     return error_answer(
         404,
-        f"the model proxy serves POST .../openai/v1/chat/completions and .../completions, not '{rest}'",
+        f"the model proxy serves {_SERVED}, not 'anthropic/v1/{rest}'",
         "not_found",
+        api="anthropic.messages",
     )
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from agentlightning.schemas import ProxyState
 from agentlightning.server.config import ProxyConfig
 from agentlightning.server.proxy.experts import RouteIndex
+from agentlightning.server.proxy.token_exact import TokenExact
 from agentlightning.server.proxy.upstream import UpstreamClient
 
 KNOWN_ROLLOUTS = 65536
@@ -31,6 +32,7 @@ class ProxyRuntime:
         self._known: OrderedDict[str, None] = OrderedDict()
         self.forgotten = 0  # deletions so far: `remember` after a store read checks none came between
         self.routes = RouteIndex()  # calls still holding MoE routes (include_routed_experts)
+        self.tokens = TokenExact(self.upstream)  # tokens in / tokens out, and attempts' token history
 
     @property
     def inflight(self) -> int:

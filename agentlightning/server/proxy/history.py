@@ -1,0 +1,163 @@
+"""What the proxy remembers of an attempt's calls, to keep a multi-turn rollout one token sequence.
+
+Each call of an attempt leaves a `Turn`: the chat messages it was asked (by meaning), the
+prompt the server rendered for them, the prompt the model really saw and the tokens it
+produced. A next call whose history repeats an earlier call's request and answer continues
+that call's tokens (token_exact.py puts them back); one that does not starts a new segment,
+and `classify` says why and at which token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+ATTEMPTS = 4096  # attempts remembered (least recently used forgotten)
+TURNS = 8  # calls remembered per attempt (the latest)
+MAX_TOKENS = 4_000_000  # token ids held in all (~36 bytes each as Python ints): ~150 MB at most
+
+
+def _arguments(raw: Any) -> Any:
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw.strip()
+    return raw
+
+
+def _text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content.strip()
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict)).strip()
+    return str(content).strip()
+
+
+def meaning(message: dict[str, Any]) -> tuple[Any, ...]:
+    """A message as the model means it: role, text without surrounding whitespace, tool calls
+    by name and parsed arguments (key order, spacing and call ids do not matter)."""
+    calls = tuple(
+        (
+            str((c.get("function") or {}).get("name")),
+            json.dumps(_arguments((c.get("function") or {}).get("arguments")), sort_keys=True),
+        )
+        for c in message.get("tool_calls") or []
+        if isinstance(c, dict)
+    )
+    return (message.get("role"), _text(message.get("content")), calls)
+
+
+@dataclass
+class Turn:
+    messages: list[tuple[Any, ...]]  # the request's messages, by meaning
+    tools: str  # the request's tools, as canonical JSON
+    rendered: list[int]  # the prompt as the server renders the request
+    prompt: list[int]  # the prompt the model saw (rendered, or continued from an earlier turn)
+    response: list[int]  # the tokens the model produced
+    answer: tuple[Any, ...]  # the answer's message, by meaning
+    finished: bool  # the answer ended on a stop token (not cut by max_tokens)
+
+
+def tools_key(chat: dict[str, Any]) -> str:
+    return json.dumps(chat.get("tools") or [], sort_keys=True)
+
+
+class AttemptHistory:
+    """The recent turns of recent attempts, within a token budget. Touched only from the event loop."""
+
+    def __init__(self, max_tokens: int = MAX_TOKENS) -> None:
+        self._turns: OrderedDict[tuple[str, str], list[Turn]] = OrderedDict()
+        self.max_tokens = max_tokens
+        self.tokens = 0
+
+    def turns(self, rollout_id: str, attempt_id: str) -> list[Turn]:
+        key = (rollout_id, attempt_id)
+        turns = self._turns.get(key)
+        if turns is None:
+            return []
+        self._turns.move_to_end(key)
+        return turns
+
+    def add(self, rollout_id: str, attempt_id: str, turn: Turn) -> None:
+        key = (rollout_id, attempt_id)
+        turns = self._turns.setdefault(key, [])
+        self._turns.move_to_end(key)
+        turns.append(turn)
+        self.tokens += _size(turn)
+        while len(turns) > TURNS:
+            self.tokens -= _size(turns.pop(0))
+        while self._turns and (len(self._turns) > ATTEMPTS or self.tokens > self.max_tokens):
+            _, dropped = self._turns.popitem(last=False)
+            self.tokens -= sum(map(_size, dropped))
+
+
+def _size(turn: Turn) -> int:
+    rendered = 0 if turn.rendered is turn.prompt else len(turn.rendered)
+    return rendered + len(turn.prompt) + len(turn.response)
+
+
+def continuation(turns: list[Turn], messages: list[tuple[Any, ...]], rendered: list[int]) -> list[int] | None:
+    """The prompt the model saw, continued: the latest earlier turn whose request and answer
+    this history repeats gives its exact prompt + response, followed by what this request
+    adds (rendered). None when no turn is repeated."""
+    for turn in reversed(turns):
+        n = len(turn.messages)
+        if not turn.finished or not turn.response or len(messages) <= n:
+            continue
+        if messages[:n] != turn.messages or messages[n] != turn.answer:
+            continue
+        if rendered[: len(turn.rendered)] != turn.rendered:
+            continue
+        # The answer ends on the stop token the template also closes the turn with: what the
+        # template writes after it (turn separator, the new messages, the next generation
+        # prompt) follows the model's own tokens.
+        try:
+            end = rendered.index(turn.response[-1], len(turn.rendered))
+        except ValueError:
+            continue
+        return turn.prompt + turn.response + rendered[end + 1 :]
+    return None
+
+
+def first_difference(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def classify(
+    turns: list[Turn], messages: list[tuple[Any, ...]], tools: str, prompt: list[int]
+) -> dict[str, Any] | None:
+    """Why and where `prompt` does not continue the attempt's latest turn; None when it does
+    (or when it is the attempt's first call)."""
+    if not turns:
+        return None
+    last = turns[-1]
+    sequence = last.prompt + last.response
+    if prompt[: len(sequence)] == sequence:
+        return None
+    n = len(last.messages)
+    if tools != last.tools:
+        reason = "tools_changed"
+    elif messages[:1] != last.messages[:1]:
+        reason = (
+            "system_changed" if last.messages[:1] and last.messages[0][0] == "system" else "history_changed"
+        )
+    elif len(messages) <= n:
+        reason = "history_shortened"  # e.g. the agent summarized (compacted) its history
+    elif messages[:n] != last.messages:
+        reason = "history_edited"
+    elif messages[n] != last.answer:
+        reason = "answer_edited"
+    elif not last.finished:
+        reason = "answer_unfinished"
+    else:
+        reason = "rerendered"  # same history by meaning, other tokens: the template's re-rendering
+    return {"reason": reason, "index": first_difference(prompt, sequence)}

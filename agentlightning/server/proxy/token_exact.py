@@ -1,0 +1,260 @@
+"""Tokens in, tokens out: a chat call served on token ids, so the recorded prompt is what the
+model saw and a multi-turn rollout stays one token sequence whatever its harness re-serializes.
+
+With an upstream that serves vLLM's scale-out endpoints (`vllm serve --enable-scale-out`):
+
+1. render the chat request with the server's own template (`/v1/chat/completions/render`);
+2. where its history repeats an earlier call of the same attempt (request and answer, by
+   meaning: history.py), put back that call's exact prompt + response tokens;
+3. generate on the token ids (`/inference/v1/generate`), with log-probs;
+4. turn the generated tokens into the chat answer with the server's parsers
+   (`/v1/chat/completions/derender`: content, reasoning, tool calls).
+
+Whether an upstream serves these is found out on its first call and remembered per endpoint;
+one that does not (403 without the flag, 404 elsewhere: our torch engine, other servers) is
+served by plain pass-through, as is everything with `default_proxy.token_exact: false`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from agentlightning.log import get_logger
+from agentlightning.schemas import Model
+from agentlightning.server.proxy.capture import CallRecord
+from agentlightning.server.proxy.history import (
+    AttemptHistory,
+    Turn,
+    classify,
+    continuation,
+    meaning,
+    tools_key,
+)
+from agentlightning.server.proxy.translate import sse
+from agentlightning.server.proxy.upstream import Forwarded, UpstreamClient
+from agentlightning.server.triplet import model_request_triplet
+
+log = get_logger("proxy")
+RENDER = "/chat/completions/render"
+DERENDER = "/chat/completions/derender"
+GENERATE = "/inference/v1/generate"  # at the server's root, not under /v1
+UNSUPPORTED = frozenset({403, 404, 405, 501})
+RECHECK_SECONDS = 300.0
+# Chat request fields the generate step must not see again (the prompt is in token ids).
+_NOT_FOR_RENDER = frozenset({"stream", "stream_options", "return_routed_experts"})
+
+
+def server_root(endpoint: str) -> str:
+    endpoint = endpoint.rstrip("/")
+    return endpoint[:-3] if endpoint.endswith("/v1") else endpoint
+
+
+@dataclass
+class ExactCall:
+    """The outcome of one token-exact call: a chat answer (with prompt and generated token ids,
+    log-probs) or the failed step's `Forwarded`; `segment` says how the prompt was made."""
+
+    forwarded: Forwarded
+    response: dict[str, Any] | None = None
+    segment: dict[str, Any] = field(default_factory=dict)
+    tries: int = 0
+
+
+class TokenExact:
+    def __init__(self, upstream: UpstreamClient) -> None:
+        self.upstream = upstream
+        # endpoint → (serves render/generate/derender, when that was found)
+        self.supported: dict[str, tuple[bool, float]] = {}
+        self.history = AttemptHistory()
+
+    def observe(self, record: CallRecord, chat: dict[str, Any]) -> None:
+        observe_pass_through(self.history, record, chat)
+
+    def serves(self, endpoint: str) -> bool | None:
+        """True/False once known; None before the endpoint's first call, and again a while after
+        it was found without the endpoints (it may have been restarted with the flag)."""
+        known = self.supported.get(endpoint)
+        if known is None:
+            return None
+        serves, since = known
+        if not serves and time.monotonic() - since > RECHECK_SECONDS:
+            return None
+        return serves
+
+    async def call(
+        self, model: Model, chat: dict[str, Any], params: dict[str, Any], rollout_id: str, attempt_id: str
+    ) -> ExactCall | None:
+        """Serve one chat call on tokens. None: the endpoint has no token endpoints (now known)."""
+        request = {k: v for k, v in chat.items() if k not in _NOT_FOR_RENDER}
+        request.update({k: v for k, v in params.items() if k not in _NOT_FOR_RENDER})
+        rendered = await self._post(model, RENDER, request)
+        tries = rendered.tries
+        if rendered.error is None and rendered.status in UNSUPPORTED:
+            self.supported[model.endpoint] = (False, time.monotonic())
+            log.info("token_exact_unsupported", endpoint=model.endpoint, status=rendered.status)
+            return None
+        if rendered.error is not None or rendered.status != 200:
+            return ExactCall(rendered, tries=tries)
+        self.supported[model.endpoint] = (True, time.monotonic())
+        generate_request = orjson.loads(rendered.body)
+        rendered_ids: list[int] = generate_request["token_ids"]
+
+        messages = [meaning(m) for m in chat.get("messages") or [] if isinstance(m, dict)]
+        tools = tools_key(chat)
+        turns = self.history.turns(rollout_id, attempt_id)
+        prompt = continuation(turns, messages, rendered_ids)
+        segment: dict[str, Any] = {"continues": True, "token_exact": True}
+        if prompt is None:
+            prompt = rendered_ids
+            broken = classify(turns, messages, tools, prompt)
+            if not turns:
+                segment = {"continues": False, "token_exact": True, "first": True}
+            elif broken is not None:
+                segment = {"continues": False, "token_exact": True, "break": broken}
+        sampling = dict(generate_request.get("sampling_params") or {})
+        if isinstance(sampling.get("max_tokens"), int):
+            # The server sized max_tokens for the rendered prompt; keep the same total length.
+            sampling["max_tokens"] = max(1, sampling["max_tokens"] + len(rendered_ids) - len(prompt))
+        if params.get("logprobs") and sampling.get("logprobs") is None:
+            sampling["logprobs"] = 0
+        generate_request["sampling_params"] = sampling
+        generate_request["token_ids"] = prompt
+        generated = await self._post(model, GENERATE, generate_request, root=True)
+        tries += generated.tries - 1  # each step's retries count, not the steps
+        if generated.error is not None or generated.status != 200:
+            return ExactCall(generated, segment=segment, tries=tries)
+        generation = orjson.loads(generated.body)
+        derendered = await self._post(
+            model,
+            DERENDER,
+            {
+                "model": request.get("model"),
+                "generate_response": generation,
+                "prompt_tokens": len(prompt),
+                "chat_request": request,
+            },
+        )
+        tries += derendered.tries - 1
+        if derendered.error is not None or derendered.status != 200:
+            return ExactCall(derendered, segment=segment, tries=tries)
+        response = orjson.loads(derendered.body)
+        response = _with_tokens(response, generation, prompt)
+        choice = response["choices"][0]
+        self.history.add(
+            rollout_id,
+            attempt_id,
+            Turn(
+                messages=messages,
+                tools=tools,
+                rendered=rendered_ids,
+                prompt=prompt,
+                response=choice["token_ids"],
+                answer=meaning(choice.get("message") or {}),
+                finished=choice.get("finish_reason") in ("stop", "tool_calls"),
+            ),
+        )
+        return ExactCall(derendered, response, segment, tries)
+
+    async def _post(self, model: Model, path: str, body: dict[str, Any], root: bool = False) -> Forwarded:
+        target = model.model_copy(update={"endpoint": server_root(model.endpoint)}) if root else model
+        return await self.upstream.forward(lambda: target, path, orjson.dumps(body), False)
+
+
+def _with_tokens(response: dict[str, Any], generation: dict[str, Any], prompt: list[int]) -> dict[str, Any]:
+    """The derendered chat answer with what a pass-through call records: the prompt's and the
+    answer's token ids and the answer's log-probs (`logprobs.content[].logprob`)."""
+    generated = (generation.get("choices") or [{}])[0]
+    ids = generated.get("token_ids") or []
+    content = ((generated.get("logprobs") or {}).get("content")) or None
+    choice = response["choices"][0]
+    choice["token_ids"] = ids
+    if content is not None:
+        choice["logprobs"] = {
+            "content": [
+                {"token": f"token_id:{e.get('token_id')}", "logprob": e.get("logprob"), "top_logprobs": []}
+                for e in content
+            ]
+        }
+    response["prompt_token_ids"] = prompt
+    return response
+
+
+def observe_pass_through(history: AttemptHistory, record: CallRecord, chat: dict[str, Any]) -> None:
+    """Note a pass-through call's segment: whether the prompt the server rendered continues the
+    attempt's previous call token for token, and if not, why and where (`segment.break`)."""
+    d = record.data
+    response = d.get("response")
+    if d.get("status") != "ok" or not isinstance(response, dict):
+        return
+    triplet = model_request_triplet(d)
+    prompt, answer_ids = triplet["prompt_token_ids"], triplet["response_token_ids"]
+    if not prompt:
+        return
+    messages = [meaning(m) for m in chat.get("messages") or [] if isinstance(m, dict)]
+    tools = tools_key(chat)
+    turns = history.turns(record.rollout_id, record.attempt_id)
+    broken = classify(turns, messages, tools, prompt)
+    if not turns:
+        d["segment"] = {"continues": False, "token_exact": False, "first": True}
+    elif broken is not None:
+        d["segment"] = {"continues": False, "token_exact": False, "break": broken}
+    else:
+        d["segment"] = {"continues": True, "token_exact": False}
+    choices = response.get("choices") or [{}]
+    choice = choices[0] if isinstance(choices[0], dict) else {}
+    history.add(
+        record.rollout_id,
+        record.attempt_id,
+        Turn(
+            messages=messages,
+            tools=tools,
+            rendered=prompt,
+            prompt=prompt,
+            response=answer_ids,
+            answer=meaning(choice.get("message") or {}),
+            finished=choice.get("finish_reason") in ("stop", "tool_calls"),
+        ),
+    )
+
+
+def chat_stream(response: dict[str, Any], include_usage: bool) -> bytes:
+    """A chat completion's event stream, made from the finished answer (token-exact calls
+    generate first): the whole message in one chunk (with its token ids and log-probs), the
+    finish reason, the usage chunk when asked for, then [DONE]."""
+    choice = response["choices"][0]
+    message = choice.get("message") or {}
+    delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    if reasoning:
+        delta["reasoning_content"] = reasoning
+    if message.get("tool_calls"):
+        delta["tool_calls"] = [{**call, "index": i} for i, call in enumerate(message["tool_calls"])]
+    head = {
+        "id": response.get("id"),
+        "object": "chat.completion.chunk",
+        "created": response.get("created"),
+        "model": response.get("model"),
+    }
+    chunks = [
+        {
+            **head,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": choice.get("logprobs"),
+                    "finish_reason": None,
+                    "token_ids": choice.get("token_ids"),
+                }
+            ],
+            "prompt_token_ids": response.get("prompt_token_ids"),
+        },
+        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": choice.get("finish_reason")}]},
+    ]
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": response.get("usage")})
+    return b"".join(sse("chunk", c, named=False) for c in chunks) + b"data: [DONE]\n\n"

@@ -1,0 +1,239 @@
+"""Tokens in, tokens out, end to end against the fake model server with vLLM's scale-out
+endpoints: a harness that re-serializes the model's tool call (other JSON spacing) would break
+the rollout into rows on pass-through; on the token path the proxy puts back the tokens the
+model wrote, every API stays one row, and a real change of history is a new segment with its
+reason. Real vLLM: tests/vllm/test_agent_apis.py."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from agentlightning.client import GatewayClient
+from agentlightning.schemas import Model, RolloutCreate
+from agentlightning.trainer.aggregation import AggregationStats, aggregate_rollout
+from tests.conftest import RunningGateway, start_gateway
+from tests.fakes.model_server import END, FakeModelServer, Reply, ToolCall, chat_prompt_ids
+
+KEY = "exact-key"
+# The model writes JSON with spaces; every harness below sends it back compact (the Anthropic
+# route itself writes a tool_use's input compactly).
+WRITTEN = '{"expr": "3*3"}'
+CHAT_TOOLS = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
+QUESTION = "what is 3*3"
+
+
+def compact(arguments: str) -> str:
+    return json.dumps(json.loads(arguments), separators=(",", ":"))
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeModelServer]:
+    with FakeModelServer() as server:
+        server.state.scale_out = True
+        yield server
+
+
+@pytest.fixture(scope="module")
+def gateways(
+    tmp_path_factory: pytest.TempPathFactory, fake: FakeModelServer
+) -> Iterator[dict[str, RunningGateway]]:
+    started = {
+        "exact": start_gateway(tmp_path_factory.mktemp("exact"), KEY),
+        "pass": start_gateway(tmp_path_factory.mktemp("pass"), KEY, "default_proxy.token_exact=false"),
+    }
+    try:
+        for gw in started.values():
+            with GatewayClient(gw.url, KEY) as c:
+                c.register_models([Model(model="policy", endpoint=fake.base_url, version=1)])
+        yield started
+    finally:
+        for gw in started.values():
+            gw.process.stop()
+
+
+class Rollout:
+    def __init__(self, gw: RunningGateway) -> None:
+        self.id = f"r-{uuid.uuid4().hex[:10]}"
+        self.client = GatewayClient(gw.url, KEY)
+        self.client.create_rollouts([RolloutCreate(rollout_id=self.id, input={})])
+        root = f"{gw.url}/proxy/rollout/{self.id}/attempt/a1/mode/train"
+        self.openai = openai.OpenAI(base_url=root + "/openai/v1", api_key=KEY, max_retries=0)
+        self.anthropic = anthropic.Anthropic(base_url=root + "/anthropic", api_key=KEY, max_retries=0)
+
+    def events(self) -> list[dict[str, Any]]:
+        return [e["data"] for e in self.client.get_events_json(self.id, format="raw", attempt_id="a1")]
+
+    def rows(self) -> list[Any]:
+        triplets = self.client.get_events_json(self.id, format="triplet", attempt_id="a1")
+        return aggregate_rollout(triplets, self.id, "g", reward=1.0, stats=AggregationStats())
+
+
+def chat_loop(rollout: Rollout, stream: bool) -> str:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+    call = rollout.openai.chat.completions.create(model="m", messages=messages, tools=CHAT_TOOLS)  # type: ignore[arg-type]
+    (tool_call,) = call.choices[0].message.tool_calls or []
+    assert tool_call.function.arguments == WRITTEN  # type: ignore[union-attr]
+    resent = {**tool_call.model_dump(), "function": {"name": "calc", "arguments": compact(WRITTEN)}}
+    messages += [
+        {"role": "assistant", "content": None, "tool_calls": [resent]},
+        {"role": "tool", "tool_call_id": tool_call.id, "content": "9"},
+    ]
+    if stream:
+        chunks = rollout.openai.chat.completions.create(
+            model="m", messages=messages, tools=CHAT_TOOLS, stream=True
+        )  # type: ignore[arg-type]
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return (
+        rollout.openai.chat.completions.create(model="m", messages=messages, tools=CHAT_TOOLS)
+        .choices[0]
+        .message.content
+        or ""
+    )  # type: ignore[arg-type]
+
+
+def responses_loop(rollout: Rollout, stream: bool) -> str:
+    tools = [{"type": "function", "name": "calc", "parameters": {"type": "object"}}]
+    first = rollout.openai.responses.create(model="m", input=QUESTION, tools=tools)  # type: ignore[arg-type]
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    items = [
+        {"role": "user", "content": QUESTION},
+        {
+            "type": "function_call",
+            "call_id": call.call_id,
+            "name": "calc",
+            "arguments": compact(call.arguments),
+        },
+        {"type": "function_call_output", "call_id": call.call_id, "output": "9"},
+    ]
+    if stream:
+        with rollout.openai.responses.stream(model="m", input=items, tools=tools) as events:  # type: ignore[arg-type]
+            return events.get_final_response().output_text
+    return rollout.openai.responses.create(model="m", input=items, tools=tools).output_text  # type: ignore[arg-type]
+
+
+def anthropic_loop(rollout: Rollout, stream: bool) -> str:
+    tools = [{"name": "calc", "input_schema": {"type": "object"}}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+    first = rollout.anthropic.messages.create(model="m", max_tokens=50, messages=messages, tools=tools)  # type: ignore[arg-type]
+    (use,) = [b for b in first.content if b.type == "tool_use"]
+    messages += [
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": use.id, "name": "calc", "input": use.input}],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "9"}]},
+    ]
+    if stream:
+        with rollout.anthropic.messages.stream(
+            model="m", max_tokens=50, messages=messages, tools=tools
+        ) as events:  # type: ignore[arg-type]
+            return "".join(events.text_stream)
+    message = rollout.anthropic.messages.create(model="m", max_tokens=50, messages=messages, tools=tools)  # type: ignore[arg-type]
+    return "".join(b.text for b in message.content if b.type == "text")
+
+
+LOOPS = {"chat.completions": chat_loop, "responses": responses_loop, "anthropic.messages": anthropic_loop}
+
+
+@pytest.mark.parametrize("api", list(LOOPS))
+def test_a_re_serialized_tool_call_keeps_the_rollout_one_row(
+    gateways: dict[str, RunningGateway], fake: FakeModelServer, api: str
+) -> None:
+    for stream in (False, True):
+        fake.state.reset()
+        fake.script(Reply(content="", tool_calls=[ToolCall("calc", WRITTEN)]), Reply(content="it is 9"))
+        rollout = Rollout(gateways["exact"])
+        assert LOOPS[api](rollout, stream) == "it is 9"
+        first, second = rollout.events()
+        assert first["api"] == api and first["segment"] == {
+            "continues": False,
+            "token_exact": True,
+            "first": True,
+        }
+        assert second["segment"] == {"continues": True, "token_exact": True} and second["stream"] is stream
+        assert [r["path"] for r in fake.requests] == [
+            "/v1/chat/completions/render",
+            "/inference/v1/generate",
+            "/v1/chat/completions/derender",
+        ] * 2
+        render, generate = fake.requests[3]["body"], fake.requests[4]["body"]
+        # The prompt the model saw: the first call's prompt and answer as generated, then what is new.
+        sequence = first["response"]["prompt_token_ids"] + first["response"]["choices"][0]["token_ids"]
+        assert generate["token_ids"][: len(sequence)] == sequence
+        assert generate["token_ids"] == second["response"]["prompt_token_ids"]
+        rendered = chat_prompt_ids(render["messages"])
+        assert rendered != generate["token_ids"]  # the re-rendered call differs from what the model wrote
+        end = rendered.index(END, len(first["response"]["prompt_token_ids"]))  # the re-rendered answer's end
+        assert generate["token_ids"][len(sequence) :] == rendered[end + 1 :]
+        (row,) = rollout.rows()
+        assert row.n_calls == 2 and row.rollout_log_probs is not None
+
+    # Pass-through: the same loop re-rendered by the server breaks, and says where and why.
+    fake.state.reset()
+    fake.script(Reply(content="", tool_calls=[ToolCall("calc", WRITTEN)]), Reply(content="it is 9"))
+    rollout = Rollout(gateways["pass"])
+    assert LOOPS[api](rollout, False) == "it is 9"
+    first, second = rollout.events()
+    assert first["segment"] == {"continues": False, "token_exact": False, "first": True}
+    broken = second["segment"]["break"]
+    assert broken["reason"] == "rerendered"
+    sequence = first["response"]["prompt_token_ids"] + first["response"]["choices"][0]["token_ids"]
+    assert len(first["response"]["prompt_token_ids"]) < broken["index"] < len(sequence)
+    assert len(rollout.rows()) == 2
+
+
+def test_a_compacted_history_starts_a_new_segment(
+    gateways: dict[str, RunningGateway], fake: FakeModelServer
+) -> None:
+    fake.state.reset()
+    fake.script(Reply(content="step one"), Reply(content="step two"), Reply(content="from the summary"))
+    rollout = Rollout(gateways["exact"])
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": QUESTION},
+    ]
+    for _ in range(2):
+        answer = rollout.openai.chat.completions.create(model="m", messages=messages).choices[0].message  # type: ignore[arg-type]
+        messages += [{"role": "assistant", "content": answer.content}, {"role": "user", "content": "go on"}]
+    summary = [messages[0], {"role": "user", "content": "summary: step one, step two. go on"}]
+    rollout.openai.chat.completions.create(model="m", messages=summary)  # type: ignore[arg-type]
+    events = rollout.events()
+    assert [e["segment"]["continues"] for e in events] == [False, True, False]
+    broken = events[2]["segment"]["break"]
+    assert broken["reason"] == "history_shortened"
+    assert events[2]["response"]["prompt_token_ids"] == chat_prompt_ids(summary)
+    rows = rollout.rows()
+    assert [row.n_calls for row in rows] == [2, 1] and all(sum(row.response_mask) for row in rows)
+    metrics = httpx.get(f"{gateways['exact'].url}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    assert 'agl_proxy_history_breaks_total{reason="history_shortened"}' in metrics
+
+
+def test_an_upstream_without_the_endpoints_is_passed_through(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    with FakeModelServer() as plain:  # answers 403 on the scale-out endpoints, as vLLM without the flag
+        gw = start_gateway(tmp_path_factory.mktemp("plain"), KEY)
+        try:
+            with GatewayClient(gw.url, KEY) as c:
+                c.register_models([Model(model="policy", endpoint=plain.base_url, version=1)])
+            rollout = Rollout(gw)
+            for _ in range(2):
+                rollout.openai.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}]
+                )
+            assert [r["path"] for r in plain.requests] == ["/v1/chat/completions"] * 2
+            events = rollout.events()
+            assert [e["segment"]["token_exact"] for e in events] == [False, False]
+            assert events[0]["response"]["prompt_token_ids"] == chat_prompt_ids(
+                [{"role": "user", "content": "hi"}]
+            )
+        finally:
+            gw.process.stop()
