@@ -1,8 +1,9 @@
 # shellcheck shell=bash
 # Shared by run_local.sh and run_minikube.sh: start processes in the background, remember their
 # ids, stop exactly those on exit or Ctrl-C (never by name), wait for the Gateway's /healthz.
+# Other examples source it too, setting EXAMPLE_DIR (their folder) and TRAIN_SCRIPT first.
 
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+HERE="${EXAMPLE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"
 REPO="$(cd "$HERE/../.." && pwd)"
 PYTHON="${PYTHON:-$REPO/.venv/bin/python}"  # Gateway, Controller, trainer
 PORT="${AGL_PORT:-8181}"
@@ -73,10 +74,11 @@ start_controller() {
   echo "Controller  pid ${PIDS[-1]} (log $RUN_DIR/controller.log)"
 }
 
-# train ARGS...: train_calc_agent.py against this Gateway; returns its exit status. It runs in the
-# background only so that this script reacts to Ctrl-C at once; its output comes here.
+# train ARGS...: $TRAIN_SCRIPT (default train_calc_agent.py) against this Gateway; returns its exit
+# status. It runs in the background only so that this script reacts to Ctrl-C at once; its output
+# comes here.
 train() {
-  "$PYTHON" "$HERE/train_calc_agent.py" --agl-base-url "$URL" --agl-key "$KEY" \
+  "$PYTHON" "${TRAIN_SCRIPT:-$HERE/train_calc_agent.py}" --agl-base-url "$URL" --agl-key "$KEY" \
     trainer.output_dir="$RUN_DIR/trainer" "$@" &
   PIDS+=($!)
   local status=0
