@@ -321,3 +321,47 @@ def test_scripts_pass_shellcheck(script: str, examples_python: str) -> None:
     shellcheck = EXAMPLES_PYTHON.parent / "shellcheck"
     result = subprocess.run([str(shellcheck), "-x", script], cwd=HERE, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- the dense option, on a tiny encoder built here (random weights: the code path, not quality) ---
+
+
+@pytest.mark.slow  # imports torch and transformers
+def test_dense_retriever_on_a_local_encoder(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from fastapi.testclient import TestClient
+
+    from tests.examples.scripted_model import build_tokenizer
+
+    server = _load("retrieval_server")
+    model_dir = tmp_path / "tiny-encoder"
+    tokenizer = build_tokenizer()
+    tokenizer.save_pretrained(model_dir)
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
+    transformers.BertModel(config).save_pretrained(model_dir)
+    docs = server.load_corpus(HERE / "data" / "corpus.jsonl")[:24]
+    index = tmp_path / "dense.npy"
+    dense = server.build_retriever(docs, "dense", str(model_dir), str(index))
+    assert index.exists() and dense.matrix.shape == (len(docs), 32)
+    client = TestClient(server.create_app(docs, dense))
+    assert client.get("/healthz").json() == {"status": "ok", "retriever": "dense", "documents": len(docs)}
+    body = {"queries": [docs[5]["contents"], docs[20]["contents"]], "topk": 4, "return_scores": True}
+    first, second = client.post("/retrieve", json=body).json()["result"]
+    assert len(first) == 4 and first[0]["document"]["id"] == docs[5]["id"]  # a text finds itself
+    assert second[0]["document"]["id"] == docs[20]["id"] and second[0]["score"] == pytest.approx(
+        1.0, abs=1e-4
+    )
+    again = server.build_retriever(docs, "dense", str(model_dir), str(index))  # the saved index is read
+    assert (again.matrix == dense.matrix).all()
+    with pytest.raises(SystemExit, match="needs --dense-model"):
+        server.build_retriever(docs, "dense", None, None)
+    with pytest.raises(SystemExit, match="never downloaded"):
+        server.build_retriever(docs, "dense", "intfloat/e5-base-v2", None)
