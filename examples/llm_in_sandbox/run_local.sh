@@ -7,6 +7,7 @@
 # Every argument goes to train_llm_in_sandbox_agent.py. On exit, failure or Ctrl-C, the processes
 # this script started are stopped by their process ids (never by name).
 # Environment: PYTHON, AGENT_PYTHON, AGL_PORT (8181), AGL_KEY (default: a fresh random one), RUN_DIR,
+# AGL_START_TIMEOUT (60 s for the Gateway to answer),
 # SANDBOX_* (the agent's knobs, see the README).
 set -euo pipefail
 EXAMPLE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

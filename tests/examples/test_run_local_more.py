@@ -67,6 +67,7 @@ def _start(example: Example, tmp_path: Path, marker: str, retrieval_port: int) -
         "RETRIEVAL_PORT": str(retrieval_port),
         "RUN_DIR": str(tmp_path / "run"),
         "OMP_NUM_THREADS": "1",
+        "AGL_START_TIMEOUT": "300",  # the Gateway's start on a loaded 2-core machine
     }
     here = EXAMPLES / example.name
     return subprocess.Popen(
@@ -125,7 +126,9 @@ def test_ctrl_c_stops_everything(example: Example, tmp_path: Path, examples_pyth
         else:
             raise AssertionError("".join(seen)[-4000:])
         proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=120)
+        rest, _ = proc.communicate(
+            timeout=300
+        )  # stopping four processes, each up to 20 s, on a loaded machine
     finally:
         _end(proc)
     assert proc.returncode == 130, ("".join(seen) + rest)[-4000:]
