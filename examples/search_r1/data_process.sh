@@ -6,9 +6,9 @@
 # Then:
 #   CORPUS=OUT_DIR/wiki-18.jsonl examples/search_r1/run_local.sh \
 #       --train-file OUT_DIR/train.jsonl --val-file OUT_DIR/test.jsonl --model PATH
-# BM25 over the full corpus (an estimate, not measured here) takes tens of GB of memory and a while
-# to index at start; the dense
-# option of retrieval_server.py ranks with numpy (fine to about a million passages). For the full
+# BM25 over the full corpus takes (an estimate, not measured here) tens of GB of memory and a while
+# to index at start; the dense option of retrieval_server.py ranks with numpy (fine to about a
+# million passages). For the full
 # corpus with E5 + FAISS, run v1.0's / Search-R1's retrieval_server.py on the index downloaded
 # below: it answers the same /retrieve requests, so the agent works with it unchanged.
 set -euo pipefail
