@@ -86,7 +86,7 @@ demo: venv
 	$(PYTHON) -m venv .venv-examples
 	.venv-examples/bin/pip install --quiet uv
 	.venv-examples/bin/uv pip install --python .venv-examples/bin/python --quiet \
-		-e '.[calc_x,openai_agents,langgraph,gsm8k,examples_lint]'
+		-e '.[calc_x,openai_agents,langgraph,gsm8k,search_r1,llm_in_sandbox,examples_lint]'
 	touch $@
 
 examples-venv: .venv-examples/.installed

@@ -1,8 +1,10 @@
 # shellcheck shell=bash
 # Shared by run_local.sh and run_minikube.sh: start processes in the background, remember their
-# ids, stop exactly those on exit or Ctrl-C (never by name), wait for the Gateway's /healthz.
+# ids, stop exactly those on exit or Ctrl-C (never by name), wait for the Gateway's /healthz
+# (AGL_START_TIMEOUT seconds, 60 by default).
+# Other examples source it too, setting EXAMPLE_DIR (their folder) and TRAIN_SCRIPT first.
 
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+HERE="${EXAMPLE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"
 REPO="$(cd "$HERE/../.." && pwd)"
 PYTHON="${PYTHON:-$REPO/.venv/bin/python}"  # Gateway, Controller, trainer
 PORT="${AGL_PORT:-8181}"
@@ -44,9 +46,9 @@ start_gateway() {
   "$PYTHON" -m agentlightning.server port="$PORT" key="$KEY" \
     store.url="sqlite:///$RUN_DIR/gateway.db" "$@" >"$RUN_DIR/gateway.log" 2>&1 &
   PIDS+=($!)
-  if ! "$PYTHON" - "$URL/healthz" <<'PY'
+  if ! "$PYTHON" - "$URL/healthz" "${AGL_START_TIMEOUT:-60}" <<'PY'
 import sys, time, urllib.request
-deadline = time.monotonic() + 60
+deadline = time.monotonic() + float(sys.argv[2])
 while time.monotonic() < deadline:
     try:
         with urllib.request.urlopen(sys.argv[1], timeout=2) as r:
@@ -58,7 +60,7 @@ while time.monotonic() < deadline:
 sys.exit(1)
 PY
   then
-    echo "$(basename "$0"): the Gateway did not answer $URL/healthz within 60 s; log:" >&2
+    echo "$(basename "$0"): the Gateway did not answer $URL/healthz within ${AGL_START_TIMEOUT:-60} s; log:" >&2
     tail -n 20 "$RUN_DIR/gateway.log" >&2
     exit 1
   fi
@@ -73,10 +75,11 @@ start_controller() {
   echo "Controller  pid ${PIDS[-1]} (log $RUN_DIR/controller.log)"
 }
 
-# train ARGS...: train_calc_agent.py against this Gateway; returns its exit status. It runs in the
-# background only so that this script reacts to Ctrl-C at once; its output comes here.
+# train ARGS...: $TRAIN_SCRIPT (default train_calc_agent.py) against this Gateway; returns its exit
+# status. It runs in the background only so that this script reacts to Ctrl-C at once; its output
+# comes here.
 train() {
-  "$PYTHON" "$HERE/train_calc_agent.py" --agl-base-url "$URL" --agl-key "$KEY" \
+  "$PYTHON" "${TRAIN_SCRIPT:-$HERE/train_calc_agent.py}" --agl-base-url "$URL" --agl-key "$KEY" \
     trainer.output_dir="$RUN_DIR/trainer" "$@" &
   PIDS+=($!)
   local status=0

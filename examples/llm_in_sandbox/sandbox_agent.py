@@ -1,0 +1,273 @@
+"""LLM-in-Sandbox: a general agent that works in a sandbox with file, shell and Python tools
+(Cheng et al., 2026), on the plain `openai` client with tool calls.
+
+Each rollout gets a fresh workspace with the task's files (`tasks.materialize`). Every tool runs
+*inside* a bubblewrap sandbox (`agentlightning.sandbox`): the workspace read-write at
+`/workspace`, the system read-only, a private /tmp, no network (not even the host's loopback),
+its own PID namespace, only PATH/HOME/LANG in the environment, a time limit per command. The
+reference answer stays in this process, outside the sandbox; the reward is the task family's
+rule (`tasks.reward`) applied to what the model `submit`s.
+
+Environment (set by the Controller): `AGL_OPENAI_BASE_URL`, `AGL_EVENT_URL`, `AGL_KEY`, and the
+task — env_map `TASK_FAMILY: input.family`, `TASK_SEED: input.seed`, `QUESTION: input.question`,
+`ANSWER: input.answer`. Knobs (the Controller's environment): `SANDBOX_MAX_TURNS` (12),
+`SANDBOX_MAX_TOKENS` (1024 per call), `SANDBOX_COMMAND_TIMEOUT` (30 s), `SANDBOX_OUTPUT_CHARS`
+(4000: longer tool output is cut, head and tail kept).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import tasks
+from openai import BadRequestError, OpenAI
+
+from agentlightning.sandbox import Sandbox, SandboxResult, kill
+
+log = logging.getLogger("llm_in_sandbox.agent")
+
+SYSTEM = (
+    "You are an agent working in a Linux sandbox. Your workspace is /workspace (the current directory); "
+    "it holds the task's files. There is no network. Use the tools to inspect files, run shell commands "
+    "and run Python 3 code; compute answers, do not guess. When you know the answer, call submit with "
+    "just the answer."
+)
+
+
+def _function(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": required},
+        },
+    }
+
+
+TOOLS = [
+    _function("shell", "Run a bash command in /workspace.", {"command": {"type": "string"}}, ["command"]),
+    _function(
+        "python", "Run a Python 3 program; prints what it prints.", {"code": {"type": "string"}}, ["code"]
+    ),
+    _function(
+        "read_file",
+        "Read lines of a text file.",
+        {"path": {"type": "string"}, "start": {"type": "integer"}, "lines": {"type": "integer"}},
+        ["path"],
+    ),
+    _function(
+        "write_file",
+        "Create or overwrite a text file.",
+        {"path": {"type": "string"}, "content": {"type": "string"}},
+        ["path", "content"],
+    ),
+    _function(
+        "submit", "Submit the final answer; ends the task.", {"answer": {"type": "string"}}, ["answer"]
+    ),
+]
+
+
+def setting(name: str, default: float) -> float:
+    raw = os.environ.get(name) or ""
+    try:
+        return float(raw) if raw else default
+    except ValueError:
+        raise SystemExit(f"{name}={raw!r}: expected a number") from None
+
+
+class Tools:
+    """The model's tools, every one run in the sandbox (file tools too: paths are the sandbox's)."""
+
+    def __init__(self, workspace: Path, timeout: float, output_chars: int) -> None:
+        self.box = Sandbox(workspace=workspace)
+        self.timeout, self.output_chars = timeout, output_chars
+        self.commands = 0
+
+    def _run(self, argv: list[str], stdin: str | None = None) -> str:
+        self.commands += 1
+        # bwrap itself gets an empty environment: its own /proc/1/environ is readable inside the
+        # sandbox (PID 1 there), and this process holds AGL_KEY and the reference ANSWER.
+        proc = self.box.popen(
+            argv,
+            env={"PATH": "/usr/bin:/bin"},
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        timed_out = False
+        try:
+            stdout, stderr = proc.communicate(stdin, timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            kill(proc)
+            stdout, stderr = proc.communicate()
+        result = SandboxResult(proc.returncode, stdout or "", stderr or "", timed_out)
+        text = result.stdout + (f"\n[stderr]\n{result.stderr}" if result.stderr else "")
+        if len(text) > self.output_chars:
+            half = self.output_chars // 2
+            text = f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
+        status = "timed out" if result.timed_out else f"exit {result.returncode}"
+        return f"[{status}]\n{text}"
+
+    def shell(self, command: str) -> str:
+        return self._run(["bash", "-c", command])
+
+    def python(self, code: str) -> str:
+        return self._run(["python3", "-"], stdin=code)
+
+    def read_file(self, path: str, start: int = 1, lines: int = 200) -> str:
+        first, count = max(1, int(start)), max(1, min(int(lines), 2000))
+        return self._run(["sed", "-n", f"{first},{first + count - 1}p", "--", path])
+
+    def write_file(self, path: str, content: str) -> str:
+        return self._run(
+            ["sh", "-c", 'cat > "$1" && echo "wrote $(wc -c < "$1") bytes to $1"', "sh", path], content
+        )
+
+    def call(self, name: str, arguments: str) -> str:
+        """Run the tool the model called; malformed arguments get an error message, never a crash."""
+        if name not in ("shell", "python", "read_file", "write_file"):
+            return f"error: no tool {name!r}; the tools are shell, python, read_file, write_file, submit"
+        try:
+            args = json.loads(arguments or "{}")
+            if not isinstance(args, dict):
+                raise TypeError("arguments must be a JSON object")
+            if name == "shell":
+                return self.shell(_text(args, "command"))
+            if name == "python":
+                return self.python(_text(args, "code"))
+            if name == "write_file":
+                return self.write_file(_text(args, "path"), _text(args, "content"))
+            return self.read_file(
+                _text(args, "path"), _integer(args, "start", 1), _integer(args, "lines", 200)
+            )
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            return f"error: bad arguments for {name}: {type(exc).__name__}: {exc}"
+
+
+def _text(args: dict[str, Any], key: str) -> str:
+    value = args[key]
+    if not isinstance(value, str):
+        raise TypeError(f"{key!r} must be a string")
+    return value
+
+
+def _integer(args: dict[str, Any], key: str, default: int) -> int:
+    value = args.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{key!r} must be an integer")
+    return value
+
+
+def run_episode(
+    client: OpenAI, tools: Tools, question: str, max_turns: int, max_tokens: int
+) -> tuple[str | None, int]:
+    """(the submitted answer or None, model calls made)."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": question},
+    ]
+    for turn in range(1, max_turns + 1):
+        try:
+            response = client.chat.completions.create(
+                model="policy", messages=messages, tools=TOOLS, max_tokens=max_tokens
+            )
+        except BadRequestError as exc:  # e.g. the conversation outgrew the model's context
+            log.warning("model call %d refused: %s", turn, exc)
+            return None, turn - 1
+        message = response.choices[0].message
+        if not message.tool_calls:
+            messages.append({"role": "assistant", "content": message.content or ""})
+            messages.append({"role": "user", "content": "Use a tool, or call submit with your answer."})
+            continue
+        messages.append(message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}))
+        for call in message.tool_calls:
+            if call.function.name == "submit":
+                try:
+                    return str(json.loads(call.function.arguments or "{}")["answer"]), turn
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    output = 'error: submit takes {"answer": "..."}'
+            else:
+                output = tools.call(call.function.name, call.function.arguments)
+            log.info("tool %s -> %s", call.function.name, output[:200].replace("\n", " | "))
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
+    return None, max_turns
+
+
+def post_reward(value: float, reason: str) -> None:
+    key = os.environ.get("AGL_KEY", "")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    body = {
+        "event_type": "reward",
+        "data": {"value": value, "source": "llm_in_sandbox", "reason": reason[:500]},
+    }
+    with httpx.Client(timeout=30.0, trust_env=False) as http:
+        for attempt in range(5):
+            try:
+                http.post(os.environ["AGL_EVENT_URL"], json=body, headers=headers).raise_for_status()
+                return
+            except httpx.HTTPError:
+                if attempt == 4:
+                    raise
+                time.sleep(0.5 * 2**attempt)
+
+
+class SandboxAgent:
+    """The rollout entry point (`agent_class: sandbox_agent:SandboxAgent`)."""
+
+    def run(self) -> float:
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        family, seed = os.environ["TASK_FAMILY"], int(os.environ["TASK_SEED"])
+        workspace = Path(tempfile.mkdtemp(prefix="llm-in-sandbox-"))
+        client = OpenAI(
+            base_url=os.environ["AGL_OPENAI_BASE_URL"],
+            api_key=os.environ.get("AGL_KEY") or "unused",
+            max_retries=6,
+            timeout=300.0,
+        )
+        try:
+            tasks.materialize(family, seed, workspace)
+            tools = Tools(
+                workspace,
+                setting("SANDBOX_COMMAND_TIMEOUT", 30.0),
+                int(setting("SANDBOX_OUTPUT_CHARS", 4000)),
+            )
+            submitted, calls = run_episode(
+                client,
+                tools,
+                os.environ["QUESTION"],
+                int(setting("SANDBOX_MAX_TURNS", 12)),
+                int(setting("SANDBOX_MAX_TOKENS", 1024)),
+            )
+        finally:
+            client.close()
+            shutil.rmtree(workspace, ignore_errors=True)
+        value = tasks.reward(family, submitted, os.environ["ANSWER"])
+        log.info(
+            "episode family=%s model_calls=%d sandbox_commands=%d submitted=%r reward=%s workspace=%s",
+            family,
+            calls,
+            tools.commands,
+            submitted,
+            value,
+            workspace,
+        )
+        post_reward(value, f"family={family} submitted={submitted!r}")
+        return value
+
+
+if __name__ == "__main__":
+    SandboxAgent().run()
