@@ -1,6 +1,6 @@
 """Write ScienceWorld's rollout inputs: one row per (task, variation), split into train and val.
 
-    .venv-examples/bin/python examples/science_world/make_data.py [--out-dir DIR] \\
+    .venv-examples/bin/python examples/science_world/sw_data.py [--out-dir DIR] \\
         [--tasks all|boil,melt,...] [--variations-per-task 50] [--val-fraction 0.2] \\
         [--simplification easy] [--split v1|scienceworld]
 
