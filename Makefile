@@ -78,7 +78,7 @@ test: lint $(V1)/.installed .venv-examples/.installed $(VERL_VENV)/.installed $(
 demo: venv
 	$(BIN)/agl-demo $(ARGS)
 
-# The examples' agents (AutoGen + MCP, OpenAI Agents SDK, LangGraph, openai) in their own venv,
+# The examples' agents (AutoGen + MCP, OpenAI Agents SDK, LangGraph, openai, ScienceWorld) in their own venv,
 # without torch; the controller runs them with local_runner.python=.venv-examples/bin/python.
 # uv resolves and installs the ~90 packages several times faster than pip (CI's time budget).
 .venv-examples/.installed: pyproject.toml
@@ -86,7 +86,7 @@ demo: venv
 	$(PYTHON) -m venv .venv-examples
 	.venv-examples/bin/pip install --quiet uv
 	.venv-examples/bin/uv pip install --python .venv-examples/bin/python --quiet \
-		-e '.[calc_x,openai_agents,langgraph,gsm8k,search_r1,llm_in_sandbox,examples_lint]'
+		-e '.[calc_x,openai_agents,langgraph,gsm8k,search_r1,llm_in_sandbox,science_world,examples_lint]'
 	touch $@
 
 examples-venv: .venv-examples/.installed
