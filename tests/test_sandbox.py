@@ -1,0 +1,143 @@
+"""The bubblewrap sandbox (agentlightning/sandbox.py), with the real bwrap: what a command can and cannot do."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+
+from agentlightning.sandbox import Sandbox, available, python_paths
+
+
+def _need_bwrap() -> None:
+    if not available():
+        if os.environ.get("CI"):
+            pytest.fail("bubblewrap must work on CI (apt-get install -y bubblewrap)")
+        pytest.skip("bubblewrap is not installed here")
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> Sandbox:
+    _need_bwrap()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "hello.txt").write_text("hi\n")
+    return Sandbox(workspace=ws, read_only=python_paths(sys.executable), env={"GREETING": "yes"})
+
+
+def _py(box: Sandbox, code: str, timeout: float = 60):
+    return box.run([sys.executable, "-c", code], timeout=timeout)
+
+
+def test_workspace_is_readable_and_writable_and_the_cwd(box: Sandbox) -> None:
+    r = _py(
+        box,
+        "import os; print(os.getcwd()); print(open('hello.txt').read().strip()); open('new','w').write('x')",
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["/workspace", "hi"]
+    assert (box.workspace / "new").read_text() == "x"
+
+
+def test_only_the_given_environment(box: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGL_SECRET_TEST", "leak")
+    r = _py(box, "import os; print(os.environ.get('GREETING'), os.environ.get('AGL_SECRET_TEST'))")
+    assert r.stdout.split() == ["yes", "None"]
+
+
+def test_host_files_outside_are_invisible_or_read_only(box: Sandbox, tmp_path: Path) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_text("secret")
+    r = box.run(
+        ["sh", "-c", f"cat {outside}; echo gone > {outside}; touch /usr/agl_probe; echo x > /etc/passwd"],
+        timeout=30,
+    )
+    assert r.returncode != 0
+    assert "secret" not in r.stdout
+    assert outside.read_text() == "secret"
+    assert not Path("/usr/agl_probe").exists()
+    assert "Read-only file system" in r.stderr
+    # The Python prefix bound for the interpreter is read-only too (no `pip install` into it).
+    prefix = python_paths(sys.executable)[-1]
+    r = box.run(["sh", "-c", f"touch {prefix}/agl_probe"], timeout=30)
+    assert r.returncode != 0 and not (prefix / "agl_probe").exists()
+
+
+def test_no_network_not_even_the_hosts_loopback(box: Sandbox) -> None:
+    class Ok(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Ok)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        # Reachable from here...
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        # ...refused inside: the sandbox has its own, empty loopback; no route anywhere else.
+        code = (
+            "import socket\n"
+            f"for addr in [('127.0.0.1', {port}), ('1.1.1.1', 80)]:\n"
+            "    try:\n"
+            "        socket.create_connection(addr, timeout=3); print('connected')\n"
+            "    except OSError as e:\n"
+            "        print(type(e).__name__)\n"
+        )
+        r = _py(box, code)
+        assert r.returncode == 0, r.stderr
+        assert "connected" not in r.stdout
+        assert len(r.stdout.split()) == 2
+    finally:
+        server.shutdown()
+
+
+def test_timeout_kills_everything_the_command_started(box: Sandbox) -> None:
+    # A daemonized grandchild (setsid, background) writes its host-visible pid file and sleeps.
+    r = box.run(["sh", "-c", "setsid sh -c 'echo $$ > pid; exec sleep 300' & sleep 300"], timeout=3)
+    assert r.timed_out
+    # Inside its PID namespace the grandchild's pid means nothing here; look for any sleep 300
+    # whose root is not ours: none may survive (the namespace's init died with bwrap).
+    left = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if cmd[:2] == [b"sleep", b"300"]:
+                left.append(proc.name)
+    assert left == []
+
+
+def test_commands_that_end_leave_nothing_behind(box: Sandbox) -> None:
+    r = box.run(["sh", "-c", "nohup sleep 301 >/dev/null 2>&1 & echo started"], timeout=30)
+    assert r.stdout.strip() == "started" and not r.timed_out
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                assert (proc / "cmdline").read_bytes().split(b"\0")[:2] != [b"sleep", b"301"]
+            except OSError:
+                continue
+
+
+def test_cannot_see_or_signal_processes_outside(box: Sandbox) -> None:
+    r = box.run(
+        ["sh", "-c", f"kill -0 {os.getpid()} && echo visible; ls /proc | grep -c '^[0-9]'"], timeout=30
+    )
+    assert "visible" not in r.stdout
+    assert int(r.stdout.split()[-1]) <= 4  # bwrap's init, sh, ls, grep: nothing else
+
+
+def test_missing_workspace_is_a_clear_error(tmp_path: Path) -> None:
+    _need_bwrap()
+    with pytest.raises(FileNotFoundError, match="workspace"):
+        Sandbox(workspace=tmp_path / "nope").argv(["true"])
