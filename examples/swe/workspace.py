@@ -19,11 +19,12 @@ def task_python() -> str:
     return sys.executable
 
 
-def agent_sandbox(workdir: str | Path, python: str | None = None) -> Sandbox:
+def agent_sandbox(workdir: str | Path, python: str | None = None, mount_at: str = "/workspace") -> Sandbox:
     python = python or task_python()
     bindir = str(Path(python).absolute().parent)
     return Sandbox(
         workspace=Path(workdir),
+        mount_at=mount_at,
         read_only=python_paths(python),
         env={"PYTHONDONTWRITEBYTECODE": "1", "PAGER": "cat", "GIT_PAGER": "cat", "TERM": "dumb"},
         path=f"{bindir}:/usr/local/bin:/usr/bin:/bin",
