@@ -7,7 +7,7 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 LINT_DIRS := $(wildcard agentlightning tests bench examples docs)
 
-.PHONY: venv vllm test test-verl lint demo clean examples-venv
+.PHONY: venv vllm test test-verl lint demo clean examples-venv swe-venv
 
 venv: $(STAMP)
 vllm: $(VLLM_STAMP)
@@ -69,7 +69,7 @@ POSTGRES_PASS := tests/server/test_api.py tests/server/test_batch_routes.py test
 	tests/server/test_auth.py tests/server/test_proxy_store.py tests/compat/test_differential.py
 
 # The main suite, then the verl backend's tests in verl's venv (tests/verl is skipped by the first).
-test: lint $(V1)/.installed .venv-examples/.installed $(VERL_VENV)/.installed $(VLLM_STAMP)
+test: lint $(V1)/.installed .venv-examples/.installed $(VERL_VENV)/.installed $(VLLM_STAMP) .venv-swe/.installed
 	$(BIN)/pytest -q
 	AGL_TEST_STORE=postgres $(BIN)/pytest -q $(POSTGRES_PASS)
 	$(VERL_VENV)/bin/python -m pytest -q tests/verl
@@ -91,5 +91,17 @@ demo: venv
 
 examples-venv: .venv-examples/.installed
 
+# examples/swe's coding harness, unchanged from PyPI and pinned: mini-swe-agent (MIT; litellm,
+# ~100 packages) with the pytest the tasks' tests run on. No torch, no agentlightning install:
+# the rollout agent imports the repository through PYTHONPATH. Its commands run in bubblewrap.
+.venv-swe/.installed:
+	rm -rf .venv-swe
+	$(PYTHON) -m venv .venv-swe
+	.venv-swe/bin/pip install --quiet uv
+	.venv-swe/bin/uv pip install --python .venv-swe/bin/python --quiet mini-swe-agent==2.4.6 pytest==9.2.0
+	touch $@
+
+swe-venv: .venv-swe/.installed
+
 clean:
-	rm -rf $(VENV) $(V1) .venv-examples $(VERL_VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(V1) .venv-examples .venv-swe $(VERL_VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis
