@@ -9,7 +9,8 @@ What a command inside sees:
     servers on the host's loopback are out of reach) unless `network=True`;
   * its own PID namespace: it cannot see or signal processes outside, and when the command ends
     or is killed, every process it started goes with it (the namespace's init dies);
-  * only the environment given in `env` (plus PATH, HOME, LANG).
+  * only the environment given in `env` (plus PATH, HOME, LANG): bwrap itself starts with none,
+    so not even `/proc/1/environ` shows what the caller holds.
 
     box = Sandbox(workspace=Path("ws"), read_only=python_paths(sys.executable))
     result = box.run(["python", "-m", "pytest", "-q"], timeout=60)
@@ -106,7 +107,10 @@ class Sandbox:
         workspace = Path(self.workspace).resolve()
         if not workspace.is_dir():
             raise FileNotFoundError(f"sandbox workspace {workspace} is not a folder")
-        args = [bwrap, "--ro-bind", "/usr", "/usr"]
+        # bwrap starts with an empty environment (`env -i`): inside the PID namespace its own
+        # process is PID 1, and `/proc/1/environ` would show a command whatever the caller holds
+        # (the attempt's key, a reference answer); `--clearenv` cleans only the command's.
+        args = ["/usr/bin/env", "-i", bwrap, "--ro-bind", "/usr", "/usr"]
         for name in _TOP_LEVEL:
             top = Path("/", name)
             if top.is_symlink():

@@ -50,6 +50,16 @@ def test_only_the_given_environment(box: Sandbox, monkeypatch: pytest.MonkeyPatc
     assert r.stdout.split() == ["yes", "None"]
 
 
+def test_the_callers_environment_is_not_readable_through_proc(
+    box: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # bwrap is PID 1 in the sandbox's PID namespace: its environ must not hold the caller's secrets.
+    monkeypatch.setenv("AGL_SECRET_TEST", "leak-through-proc")
+    r = box.run(["sh", "-c", "cat /proc/1/environ /proc/self/environ; echo; echo end"], timeout=30)
+    assert r.stdout.rstrip().endswith("end"), r.stderr
+    assert "leak-through-proc" not in r.stdout + r.stderr
+
+
 def test_host_files_outside_are_invisible_or_read_only(box: Sandbox, tmp_path: Path) -> None:
     outside = tmp_path / "outside.txt"
     outside.write_text("secret")
