@@ -8,12 +8,12 @@ from fastapi import Request
 
 from agentlightning.schemas import Model
 from agentlightning.server.auth import Authenticator
+from agentlightning.server.change_signal import ChangeSignal
 from agentlightning.server.config import ServerConfig
 from agentlightning.server.history import StatusHistory
 from agentlightning.server.metrics import GatewayMetrics
 from agentlightning.server.proxy.runtime import ProxyRuntime
 from agentlightning.server.runs import RunMetricsTable
-from agentlightning.server.signal import ChangeSignal
 from agentlightning.server.store import Store
 
 
