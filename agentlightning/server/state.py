@@ -72,6 +72,11 @@ class GatewayState:
     history: StatusHistory = field(default_factory=StatusHistory)
     auth: Authenticator = field(default_factory=lambda: Authenticator(""))
 
+    def end_long_polls(self) -> None:
+        """Shutdown has begun: every long-poll answers with what it has."""
+        self.rollout_changes.close()
+        self.terminal_changes.close()
+
 
 def get_state(request: Request) -> GatewayState:
     return request.app.state.gateway

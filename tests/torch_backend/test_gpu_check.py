@@ -90,6 +90,7 @@ def test_cpu_mode_runs_every_part_and_reports_sane_figures(tmp_path: Path) -> No
     assert demo["device"] == "cpu" and demo["steps"] == 1
     assert [step for step, _ in demo["val_reward"]] == [0, 1]
     assert 0.0 <= demo["val_reward_before"] <= 1.0 and 0.0 <= demo["val_reward_after"] <= 1.0
+    assert demo["gateway_log_tracebacks"] == 0  # a clean run's shutdown logs no error
     assert f"validation reward: {demo['val_reward_before']:.3f} -> {demo['val_reward_after']:.3f}" in (
         (tmp_path / "work" / "demo.log").read_text()
     )
