@@ -9,12 +9,12 @@ from fastapi import Request
 
 from agentlightning.schemas import Model
 from agentlightning.server.auth import Authenticator
+from agentlightning.server.change_signal import ChangeSignal
 from agentlightning.server.config import ServerConfig
 from agentlightning.server.history import StatusHistory
 from agentlightning.server.metrics import GatewayMetrics
 from agentlightning.server.proxy.runtime import ProxyRuntime
 from agentlightning.server.runs import RunMetricsTable
-from agentlightning.server.signal import ChangeSignal
 from agentlightning.server.store import Store
 
 if TYPE_CHECKING:
@@ -78,6 +78,11 @@ class GatewayState:
     auth: Authenticator = field(default_factory=lambda: Authenticator(""))
     # Set when the store is shared by several replicas (server/replicas.py).
     replicas: ReplicaSync | None = None
+
+    def end_long_polls(self) -> None:
+        """Shutdown has begun: every long-poll answers with what it has."""
+        self.rollout_changes.close()
+        self.terminal_changes.close()
 
 
 def get_state(request: Request) -> GatewayState:

@@ -10,8 +10,10 @@ the training reward, the last validation reward and the speed; validation result
 as lines above it. The JSONL file (`{output_dir}/metrics.jsonl`, one object per step with
 `step` and every metric) is what tools and the demo read back.
 
-TensorBoard and W&B are imported only when asked for; W&B that is asked for but not
-installed is reported once and skipped, not a crash.
+TensorBoard and W&B are imported only when asked for; either asked for but not installed
+(the core installs neither torch, which TensorBoard's writer needs, nor W&B) is reported once
+and skipped, not a crash. The console sink draws its bar with tqdm where it is installed, else
+prints a line per step.
 """
 
 from __future__ import annotations
@@ -84,9 +86,16 @@ class Tracker:
             _truncate_after(path, first_step)  # a resumed run rewrites the steps after its checkpoint
             self._jsonl = open(path, "a")  # closed in close()
         if "tensorboard" in sinks:
-            from torch.utils.tensorboard import SummaryWriter  # lazy: the core imports no torch
-
-            self._tb = SummaryWriter(str(self.output_dir / "tensorboard"), purge_step=first_step or None)
+            try:  # lazy: the core imports no torch, and does not install it (nor tensorboard)
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as exc:
+                log.warning(
+                    "tensorboard_not_installed",
+                    error=str(exc),
+                    hint="pip install torch tensorboard, or drop tensorboard from trainer.logger",
+                )
+            else:
+                self._tb = SummaryWriter(str(self.output_dir / "tensorboard"), purge_step=first_step or None)
         if "wandb" in sinks:
             try:
                 import wandb
@@ -99,16 +108,22 @@ class Tracker:
                     project=project, name=experiment, config=dict(config or {}), resume="allow"
                 )
         if "console" in sinks:
-            from tqdm.auto import tqdm
-
-            self._bar = tqdm(
-                total=total_steps,
-                initial=first_step,
-                desc="training",
-                unit="step",
-                file=self.stream,
-                dynamic_ncols=True,
-                mininterval=0.5,
+            try:
+                from tqdm.auto import tqdm
+            except ImportError:  # not a core dependency: a line per step instead of a bar
+                tqdm = None
+            self._bar = (
+                _LineProgress(total_steps, first_step, self.stream)
+                if tqdm is None
+                else tqdm(
+                    total=total_steps,
+                    initial=first_step,
+                    desc="training",
+                    unit="step",
+                    file=self.stream,
+                    dynamic_ncols=True,
+                    mininterval=0.5,
+                )
             )
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
@@ -168,6 +183,30 @@ class Tracker:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+class _LineProgress:
+    """The console sink where tqdm is not installed: one line per step instead of a bar."""
+
+    def __init__(self, total: int, initial: int, stream: TextIO) -> None:
+        self.n, self.total, self.stream = initial, total, stream
+        self.postfix: dict[str, str] = {}
+
+    def set_postfix(self, postfix: Mapping[str, str], refresh: bool = False) -> None:
+        self.postfix = dict(postfix)
+
+    def update(self, steps: int) -> None:
+        self.n += steps
+        details = "".join(f", {k} {v}" for k, v in self.postfix.items())
+        self.write(f"training: step {self.n}/{self.total}{details}")
+
+    def write(self, line: str, file: TextIO | None = None) -> None:
+        stream = file or self.stream
+        stream.write(line + "\n")
+        stream.flush()
+
+    def close(self) -> None:
+        pass
 
 
 def _truncate_after(path: Path, step: int) -> None:

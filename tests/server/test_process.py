@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 
 from agentlightning.client import AsyncGatewayClient, GatewayClient, Unauthorized
@@ -153,3 +154,39 @@ def test_sigterm_does_not_wait_for_long_polls(gateway: RunningGateway) -> None:
     gateway.process.signal_group(signal.SIGTERM)
     gateway.process.proc.wait(30)
     assert time.monotonic() - start < 10
+
+
+def test_a_clean_shutdown_answers_long_polls_and_logs_no_traceback(gateway: RunningGateway) -> None:
+    """SIGTERM during a long-poll: the poll answers (an empty page, 200) instead of being cancelled
+    when the grace period ends, which uvicorn logged as an error with a traceback."""
+    sent = threading.Event()
+    outcome: list[object] = []
+
+    def poll() -> None:
+        hooks = {"request": [lambda request: sent.set()]}
+        with httpx.Client(base_url=gateway.url, event_hooks=hooks, timeout=60) as http:
+            try:
+                outcome.append(
+                    http.get(
+                        "/api/rollouts",
+                        params={"state_in": "queuing", "wait_seconds": 60},
+                        headers={"Authorization": f"Bearer {gateway.key}"},
+                    )
+                )
+            except httpx.HTTPError as exc:
+                outcome.append(exc)
+
+    waiter = threading.Thread(target=poll, daemon=True)
+    waiter.start()
+    assert sent.wait(30)
+    # The event loop serves connections in order: once this answers, the poll has been read too.
+    assert httpx.get(f"{gateway.url}/healthz", timeout=30).status_code == 200
+    assert gateway.process.proc is not None
+    gateway.process.signal_group(signal.SIGTERM)
+    gateway.process.proc.wait(30)  # uvicorn re-raises the SIGTERM once it has shut down
+    waiter.join(30)
+    response = outcome[0]
+    assert isinstance(response, httpx.Response), response
+    assert response.status_code == 200 and response.json() == []
+    log = gateway.process.log_tail(lines=10_000)
+    assert "Traceback" not in log and "ERROR" not in log, log

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from agentlightning.trainer.config import ConfigError
+from agentlightning.trainer.loop_config import TrainerConfig
 from agentlightning.trainer.tracking import METRICS_FILE, Tracker, read_metrics
 
 
@@ -55,3 +58,31 @@ def test_console_prints_validations_and_tensorboard_writes_events(tmp_path: Path
 def test_unknown_logger_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"trainer\.logger: unknown logger 'mlflow'"):
         Tracker(["console", "mlflow"], tmp_path, total_steps=1)
+
+
+def test_the_default_loggers_work_without_torch_and_tqdm(tmp_path: Path) -> None:
+    """The core does not install torch or tqdm: with both unimportable, the default `trainer.logger`
+    still writes the JSONL file and the console lines, and says why TensorBoard is off."""
+    script = f"""
+import io, pathlib, sys
+sys.modules["torch"] = None  # `import torch` now raises ImportError, as where it is not installed
+sys.modules["tqdm"] = None
+from agentlightning.trainer.loop_config import TrainerConfig
+from agentlightning.trainer.tracking import Tracker
+console = io.StringIO()
+tracker = Tracker(TrainerConfig().logger, {str(tmp_path)!r}, total_steps=2, stream=console)
+tracker.log({{"training/reward": 0.5}}, 1)
+tracker.log({{"training/reward": 0.75, "val/reward": 0.25}}, 2)
+tracker.close()
+pathlib.Path({str(tmp_path / "console.txt")!r}).write_text(console.getvalue())
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert TrainerConfig().logger == ["console", "jsonl", "tensorboard"]
+    assert [r["step"] for r in read_metrics(tmp_path / METRICS_FILE)] == [1, 2]
+    assert (tmp_path / "console.txt").read_text().splitlines() == [
+        "training: step 1/2, reward 0.500",
+        "step 2: validation reward 0.250",
+        "training: step 2/2, reward 0.750, val 0.250",
+    ]
+    assert "tensorboard_not_installed" in proc.stdout + proc.stderr
