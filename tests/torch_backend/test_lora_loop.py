@@ -46,6 +46,9 @@ def test_a_lora_run_resumes_from_its_adapter_with_the_same_steps_versions_and_da
     assert [r["step"] for r in records] == [1, 2, 3]
     assert [r["training/policy_version"] for r in records] == [0, 1, 2]  # each step's calls: the last publish
     assert all(r["training/staleness/max"] == 0 for r in records)
+    # The log-probs the Gateway recorded (served by base + adapter) are the policy's: one optimizer
+    # step per training step, so the PPO ratio is measured before it and is 1.
+    assert all(abs(r["actor/ppo_kl"]) < 1e-4 and r["actor/pg_clipfrac"] == 0 for r in records)
     assert [m.version for m in client.list_models()] == [3]
     latest = latest_checkpoint(checkpoints)
     assert latest is not None
