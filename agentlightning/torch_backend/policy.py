@@ -338,6 +338,9 @@ class PolicyUpdater:
         entropy = None
         if with_entropy:
             entropy = -(log_probs.exp() * log_probs).sum(-1)
+        elif self.config.calculate_entropy and torch.is_grad_enabled():
+            with torch.no_grad():  # a metric only: no graph kept for it
+                entropy = -(log_probs.exp() * log_probs).sum(-1)
         return token_lp, entropy
 
     def micro_batches(self, rows: Sequence[TrainingRow]) -> Iterator[list[TrainingRow]]:
@@ -447,9 +450,7 @@ class PolicyUpdater:
         cfg = self.config
         batch = self._collate(rows)
         grad_entropy = cfg.entropy_coeff != 0
-        logp, entropy = self._forward_log_probs(
-            self.model, batch, with_entropy=grad_entropy or cfg.calculate_entropy
-        )
+        logp, entropy = self._forward_log_probs(self.model, batch, with_entropy=grad_entropy)
         if old is not None:
             old_lp = torch.zeros_like(logp)
             for i, r in enumerate(rows):

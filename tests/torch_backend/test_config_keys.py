@@ -124,8 +124,10 @@ def test_agl_train_refuses_a_misspelt_key_before_anything_starts(
     ],
 )
 def test_verl_algorithm_keys_the_torch_backend_does_not_run_fail(key: str, value: Any) -> None:
+    cfg = _with(_train_yaml(), key, value)
     with pytest.raises(ConfigError, match=key.replace(".", "[.]")):
-        load_torch_backend_config(_with(_train_yaml(), key, value))
+        load_core_config(cfg)  # algorithm.gamma: the core's (it discounts step rewards only)
+        load_torch_backend_config(cfg)
 
 
 def test_verl_engine_keys_are_accepted_unread_with_the_reason() -> None:

@@ -170,3 +170,23 @@ def test_agent_solves_with_two_calls_and_posts_its_reward(
     assert [e.event_type for e in events] == ["reward"]
     assert events[0].data["value"] == 1.0 and events[0].data["reason"] == "The answer is 12."
     client.close()
+
+
+def test_the_step_reward_variant_credits_the_call_with_the_right_tool_call(
+    tool_server: InferenceServer, gateway: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = GatewayClient(gateway.url, key=gateway.key)
+    (rollout,) = client.create_rollouts([{"input": {"question": QUESTION, "answer": 12}, "rollout_id": "r2"}])
+    monkeypatch.setenv("AGL_OPENAI_BASE_URL", tool_server.endpoint)
+    monkeypatch.setenv("AGL_EVENT_URL", f"{gateway.url}/api/rollouts/r2/attempt/a1/events")
+    monkeypatch.setenv("AGL_KEY", gateway.key)
+    monkeypatch.setenv("QUESTION", QUESTION)
+    monkeypatch.setenv("ANSWER", "12")
+    monkeypatch.setenv("STEP_REWARD", "1")
+    CalcAgent().run()
+    events = client.get_events(rollout.rollout_id)
+    assert [e.event_type for e in events] == ["reward", "reward"]
+    # the first call's tool call computed 12: partial credit for call 0, then the outcome
+    assert events[0].data["call_index"] == 0 and events[0].data["value"] == 0.5
+    assert events[1].data["value"] == 1.0 and "call_index" not in events[1].data
+    client.close()

@@ -249,3 +249,24 @@ def test_bad_rows_and_config_are_rejected(tiny_model: Any, tokenizer: Any) -> No
         updater.compute_log_probs([bad])
     with pytest.raises(ValueError, match="empty prompt"):
         updater.compute_log_probs([make_row("a", [], [2], 1.0)])
+
+
+def test_an_update_logs_the_training_health(tiny_model: Any, tokenizer: Any) -> None:
+    """actor/entropy equals the loss-weighted entropy of a plain forward pass; on fresh data the
+    sampler–trainer KL is 0 and every ratio 1."""
+    updater = PolicyUpdater(fresh_copy(tiny_model, tokenizer), ActorConfig(optim=OptimConfig(lr=0.0)))
+    rows = toy_rows()
+    with_rollout_log_probs(updater, rows)
+    set_loss_weights(rows)
+    expected = 0.0
+    with torch.no_grad():
+        for row in rows:
+            logits = updater.model(torch.tensor([row.prompt_ids + row.response_ids])).logits[0].float()
+            lp = torch.log_softmax(logits, -1)[len(row.prompt_ids) - 1 : -1]
+            expected += float(-(lp.exp() * lp).sum(-1).sum()) * row.loss_weight
+    metrics = updater.update([rows])
+    assert metrics["actor/entropy"] == pytest.approx(expected, rel=1e-4)
+    assert metrics["actor/sampler_trainer_kl"] == pytest.approx(0.0, abs=1e-5)
+    assert metrics["actor/sampler_trainer_kl_k3"] == pytest.approx(0.0, abs=1e-5)
+    assert metrics["actor/ratio_max"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["actor/sampler_trainer_is_max"] == pytest.approx(1.0, abs=1e-4)
