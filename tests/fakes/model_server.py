@@ -654,6 +654,8 @@ def build_app(state: FakeState) -> web.Application:
         if len(state.generated) > 10000:
             state.generated.clear()
         state.generated[tuple(ids)] = (answer, request_id)
+        if answer.finish_reason == "stop":  # the Gateway derenders without the stopping token, as for vLLM
+            state.generated[tuple(ids[:-1])] = (answer, request_id)
         logprobs = None
         if sampling.get("logprobs") is not None:
             logprobs = {

@@ -82,12 +82,20 @@ def test_a_torch_backend_config_drives_the_verl_backend_too() -> None:
         ("agentlightning.no_such_key=1", "agentlightning.no_such_key"),
         ("data.train_batch_size=0", "data.train_batch_size"),
         ("trainer.n_gpus_per_node=3", "divisible"),  # verl's own validate_config
+        ("actor_rollout_ref.actor.fsdp_config.mixed_precison.param_dtype=fp32", "mixed_precison"),
     ],
 )
 def test_bad_settings_fail_naming_the_key(override: str, names: str) -> None:
     cfg = compose_config(overrides=[MODEL, override])
     with pytest.raises(ConfigError, match=names.replace(".", r"\.").replace(r"\.*", ".*")):
         validate(cfg)
+
+
+def test_fsdp_mixed_precision_is_read_as_verl_declares_it() -> None:
+    # FSDPEngineConfig.mixed_precision is a free dict, absent from verl's packaged YAML
+    override = "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32"
+    _, _, view = validate(compose_config(overrides=[MODEL, override]))
+    assert view.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "fp32"
 
 
 def test_a_missing_model_path_fails_clearly() -> None:

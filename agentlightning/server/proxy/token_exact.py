@@ -133,7 +133,7 @@ class TokenExact:
             DERENDER,
             {
                 "model": request.get("model"),
-                "generate_response": generation,
+                "generate_response": _without_stop_token(generation),
                 "prompt_tokens": len(prompt),
                 "chat_request": request,
             },
@@ -162,6 +162,26 @@ class TokenExact:
     async def _post(self, model: Model, path: str, body: dict[str, Any], root: bool = False) -> Forwarded:
         target = model.model_copy(update={"endpoint": server_root(model.endpoint)}) if root else model
         return await self.upstream.forward(lambda: target, path, orjson.dumps(body), False)
+
+
+def _without_stop_token(generation: dict[str, Any]) -> dict[str, Any]:
+    """The generation as derender should read it: without the end-of-turn token that stopped it.
+
+    vLLM's own chat path never puts the stopping token in the answer's text, but derender keeps
+    special tokens for the tool parser, so `<|im_end|>` would end the content. The recorded ids keep
+    it (the model produced it; pass-through records it too). A stop string (`stop_reason` a str)
+    leaves no such token. An answer that is only the stop token leaves nothing to derender: vLLM
+    refuses it, and the call falls back to pass-through."""
+    choices = []
+    for choice in generation.get("choices") or []:
+        ids = choice.get("token_ids") or []
+        if choice.get("finish_reason") == "stop" and not isinstance(choice.get("stop_reason"), str) and ids:
+            choice = {**choice, "token_ids": ids[:-1]}
+            logprobs = choice.get("logprobs") or {}
+            if isinstance(logprobs.get("content"), list) and len(logprobs["content"]) == len(ids):
+                choice["logprobs"] = {**logprobs, "content": logprobs["content"][:-1]}
+        choices.append(choice)
+    return {**generation, "choices": choices}
 
 
 def _with_tokens(response: dict[str, Any], generation: dict[str, Any], prompt: list[int]) -> dict[str, Any]:
