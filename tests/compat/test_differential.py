@@ -34,8 +34,9 @@ ADDED = {
     ("detail", "attempt_details"),  # the attempts with event counts and times
 }
 # Our additions to a `model_request` event: which API and mode, the rewritten parameters
-# apart from the request, the upstream error text, our retry count's name, streaming flags.
-ADDED_MODEL_REQUEST = {"api", "mode", "params", "error", "retries", "stream", "incomplete"}
+# apart from the request, the upstream error text, our retry count's name, streaming flags, and
+# whether the call's prompt continues the attempt's previous call (`segment`: a break's reason).
+ADDED_MODEL_REQUEST = {"api", "mode", "params", "error", "retries", "stream", "incomplete", "segment"}
 # v1.0 records the rewritten body as `request`; ours records the agent's own body there and the
 # rewrite in `params` (so the agent's own choice of e.g. temperature stays visible). The test
 # checks that v1.0's `request` == ours `{**request, **params}`.

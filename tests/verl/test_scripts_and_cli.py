@@ -63,9 +63,9 @@ def test_agl_train_backend_verl_fails_on_a_bad_config_naming_the_key(
         "backend=verl",
         "--config",
         str(torch_config),
-        "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov",
     )
     assert code == 2, err
-    assert "actor_rollout_ref.actor.policy_loss.loss_mode must be per_rollout_mean" in err
+    assert "actor_rollout_ref.actor.policy_loss.loss_mode must be vanilla, gspo or cispo" in err
     code, err = agl_train(capsys, "backend=tensorflow")
     assert code == 2 and "backend must be torch or verl" in err

@@ -144,6 +144,9 @@ class TokenExact:
         response = orjson.loads(derendered.body)
         response = _with_tokens(response, generation, prompt)
         choice = response["choices"][0]
+        if choice.get("finish_reason") == "stop" and (choice.get("message") or {}).get("tool_calls"):
+            # derender keeps the engine's reason; vLLM's chat path says tool_calls when it parsed some
+            choice["finish_reason"] = "tool_calls"
         self.history.add(
             rollout_id,
             attempt_id,
