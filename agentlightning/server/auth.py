@@ -94,7 +94,8 @@ class TokenSigner:
 
 _SEG = r"([^/]+)"
 _AGENT_PROXY = re.compile(
-    rf"^/proxy/rollout/{_SEG}/attempt/{_SEG}/mode/(?:train|val)/openai/v1/(?:chat/completions|completions)$"
+    rf"^/proxy/rollout/{_SEG}/attempt/{_SEG}/mode/(?:train|val)/"
+    r"(?:openai/v1/(?:chat/completions|completions|responses)|anthropic/v1/messages)$"
 )
 _AGENT_EVENTS = re.compile(rf"^/api/rollouts/{_SEG}/attempt/{_SEG}/events$")
 _ROLLOUT = re.compile(rf"^/api/rollouts/{_SEG}$")

@@ -113,6 +113,8 @@ def body_for(method: str, path: str) -> Any:
 AGENT_ALLOWED = {
     ("POST", "/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/openai/v1/chat/completions"),
     ("POST", "/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/openai/v1/completions"),
+    ("POST", "/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/openai/v1/responses"),
+    ("POST", "/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}/anthropic/v1/messages"),
     ("POST", "/api/rollouts/{rollout_id}/attempt/{attempt_id}/events"),
     ("GET", "/api/rollouts/{rollout_id}"),
     ("GET", "/api/rollouts/{rollout_id}/events"),
@@ -149,6 +151,18 @@ def test_an_agent_token_works_on_its_own_attempt_only(api: TestClient) -> None:
     chat = {"model": "x", "messages": [{"role": "user", "content": "hi"}]}
     url = f"/proxy/rollout/{MINE}/attempt/{ATTEMPT}/mode/train/openai/v1/chat/completions"
     assert api.post(url, json=chat, headers=bearer(token)).status_code not in (401, 403)
+    # Every agent API: the Responses and Anthropic Messages routes too, on its own attempt only.
+    for tail, body in (
+        ("openai/v1/responses", {"model": "x", "input": "hi"}),
+        (
+            "anthropic/v1/messages",
+            {"model": "x", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+        ),
+    ):
+        own = f"/proxy/rollout/{MINE}/attempt/{ATTEMPT}/mode/train/{tail}"
+        assert api.post(own, json=body, headers=bearer(token)).status_code not in (401, 403), tail
+        other = f"/proxy/rollout/{OTHER}/attempt/{ATTEMPT}/mode/train/{tail}"
+        assert api.post(other, json=body, headers=bearer(token)).status_code == 403, tail
     # The other rollout saw nothing.
     assert api.get(f"/api/rollouts/{OTHER}/events", params={"attempt_id": ATTEMPT}).json() == []
 
