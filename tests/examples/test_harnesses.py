@@ -105,12 +105,14 @@ def test_tool_call_then_answer_with_the_tool_output_in_the_prompt(
     example, _, right, _ = ran
     calls = [c["data"] for c in right.model_requests]
     assert len(calls) == 2
-    first, second = calls
+    first, _ = calls
     (call,) = first["response"]["choices"][0]["message"]["tool_calls"]
     assert call["function"]["name"] == example.tool
     assert json.loads(call["function"]["arguments"]) == {"expression": example.expression}
-    assert example.tool in [t["function"]["name"] for t in first["request"]["tools"]]
-    tool_messages = [m for m in second["request"]["messages"] if m["role"] == "tool"]
+    # what the model was sent, as chat: a Responses-API harness's body is recorded beside it as `request`
+    sent_first, sent_second = (c.get("chat_request") or c["request"] for c in calls)
+    assert example.tool in [t["function"]["name"] for t in sent_first["tools"]]
+    tool_messages = [m for m in sent_second["messages"] if m["role"] == "tool"]
     assert [m["content"] for m in tool_messages] == [example.tool_output]
     assert f"<tool_response>\n{example.tool_output}\n</tool_response>" in right.prompt_text(1)
     assert example.right["question"] in right.prompt_text(0)
