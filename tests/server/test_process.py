@@ -57,8 +57,10 @@ def test_cli_rejects_bad_config_naming_the_key() -> None:
     assert r.returncode == 2 and "port" in r.stderr
     r = run_cli("colour=red")
     assert r.returncode == 2 and "colour" in r.stderr
-    r = run_cli("store.url=postgres://x")
+    r = run_cli("store.url=mysql://x")
     assert r.returncode == 2 and "store.url" in r.stderr
+    r = run_cli("store.url=postgresql://127.0.0.1:1/agl")  # a database it cannot reach: said, not served
+    assert r.returncode != 0 and "cannot reach the database" in r.stderr
     r = run_cli("--bogus")
     assert r.returncode == 2 and "--bogus" in r.stderr
 
