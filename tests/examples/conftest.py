@@ -4,6 +4,7 @@ skip with the reason, except on CI (`CI` set), where they must run and so fail."
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
@@ -18,3 +19,15 @@ def examples_python() -> str:
             pytest.fail(f"{reason} (required on CI)")
         pytest.skip(reason)
     return str(EXAMPLES_PYTHON)
+
+
+@pytest.fixture(scope="session")
+def java() -> str:
+    """ScienceWorld's simulator runs on Java (Debian's default-jre-headless; .ci/run installs it)."""
+    path = shutil.which("java")
+    if path is None:
+        reason = "no `java` on PATH: apt-get install default-jre-headless (ScienceWorld's simulator)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason} (required on CI)")
+        pytest.skip(reason)
+    return path

@@ -19,7 +19,11 @@ import pytest
 
 from tests.examples.harness import EXAMPLES, RolloutResult, Stack, example_stack
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # JVMs on a busy 2-core machine
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.usefixtures("java"),
+]  # JVMs on a busy 2-core machine
 
 AGENT = "sw_agent:ScienceWorldAgent"
 ENV_MAP = {

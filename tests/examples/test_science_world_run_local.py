@@ -20,7 +20,11 @@ from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
 from tests.examples.harness import EXAMPLES, EXAMPLES_PYTHON
 from tests.examples.test_run_local import MARKER, _end, _ours, _wait_gone
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # JVMs on a busy 2-core machine
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.usefixtures("java"),
+]  # JVMs on a busy 2-core machine
 
 SCRIPT = EXAMPLES / "science_world" / "run_local.sh"
 SAMPLE = EXAMPLES / "science_world" / "data" / "sample.jsonl"
