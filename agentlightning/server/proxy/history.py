@@ -146,12 +146,12 @@ def classify(
     n = len(last.messages)
     if tools != last.tools:
         reason = "tools_changed"
-    elif messages[:1] != last.messages[:1]:
-        reason = (
-            "system_changed" if last.messages[:1] and last.messages[0][0] == "system" else "history_changed"
-        )
+    elif messages[:1] != last.messages[:1] and last.messages[:1] and last.messages[0][0] == "system":
+        reason = "system_changed"
     elif len(messages) <= n:
         reason = "history_shortened"  # e.g. the agent summarized (compacted) its history
+    elif messages[:1] != last.messages[:1]:
+        reason = "history_changed"
     elif messages[:n] != last.messages:
         reason = "history_edited"
     elif messages[n] != last.answer:

@@ -1,0 +1,400 @@
+"""Every agent API through the Gateway against real vLLM (`--enable-scale-out`), tokens in and
+tokens out: the official `openai` SDK's Responses API, the OpenAI Agents SDK on its default
+(Responses) model, the official `anthropic` SDK, and chat. Each call is recorded once; its
+prompt is vLLM's render of the request (or, in a multi-turn rollout, the exact tokens of the
+earlier turns followed by vLLM's render of what is new), its response ids and log-probs are
+what vLLM generated; a tool loop is one training row even when the model writes its tool calls
+differently from how the chat template re-renders them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from agentlightning.client import GatewayClient
+from agentlightning.demo.task import TOOLS
+from agentlightning.schemas import Model, RolloutCreate
+from agentlightning.torch_backend.vllm_server import reload_weights, reset_prefix_cache
+from agentlightning.trainer.aggregation import AggregationStats, aggregate_rollout
+from tests.conftest import RunningGateway, start_gateway
+
+from .compact import save_compact_weights
+from .conftest import SERVED_NAME, ScriptedVLLM
+from .scripted import FINAL_ANSWER, QUESTION, TOOL_TURNS
+
+pytestmark = pytest.mark.timeout(900)
+KEY = "apis-key"
+GREEDY = ("default_proxy.train.temperature=0.0",)  # train mode (log-probs recorded), greedy: on script
+FUNCTION = TOOLS[0]["function"]
+RESPONSES_TOOLS = [{"type": "function", **FUNCTION}]
+ANTHROPIC_TOOLS = [
+    {"name": FUNCTION["name"], "description": FUNCTION["description"], "input_schema": FUNCTION["parameters"]}
+]
+EXAMPLES_PYTHON = Path(".venv-examples/bin/python")
+
+
+def calculate(arguments: dict[str, Any]) -> str:
+    return str(eval(arguments["expression"], {"__builtins__": {}}))  # "7+5", "12*2": the script's
+
+
+@pytest.fixture(scope="module")
+def gateways(
+    tmp_path_factory: pytest.TempPathFactory, vllm_server: ScriptedVLLM
+) -> Iterator[dict[str, RunningGateway]]:
+    """A token-exact Gateway (the default) and a pass-through one, both in front of the server."""
+    started = {
+        "exact": start_gateway(tmp_path_factory.mktemp("exact"), KEY, *GREEDY),
+        "pass": start_gateway(
+            tmp_path_factory.mktemp("pass"), KEY, *GREEDY, "default_proxy.token_exact=false"
+        ),
+    }
+    try:
+        for gw in started.values():
+            with GatewayClient(gw.url, KEY) as c:
+                c.register_models([Model(model=SERVED_NAME, endpoint=vllm_server.endpoint, version=1)])
+        yield started
+    finally:
+        for gw in started.values():
+            gw.process.stop()
+
+
+class Rollout:
+    def __init__(self, gw: RunningGateway) -> None:
+        self.id = f"r-{uuid.uuid4().hex[:10]}"
+        self.client = GatewayClient(gw.url, KEY)
+        self.client.create_rollouts([RolloutCreate(rollout_id=self.id, input={})])
+        self.root = f"{gw.url}/proxy/rollout/{self.id}/attempt/a1/mode/train"
+        self.openai = openai.OpenAI(
+            base_url=self.root + "/openai/v1", api_key=KEY, max_retries=0, timeout=300
+        )
+        self.anthropic = anthropic.Anthropic(base_url=self.root + "/anthropic", api_key=KEY, max_retries=0)
+
+    def events(self) -> list[dict[str, Any]]:
+        return [e["data"] for e in self.client.get_events_json(self.id, format="raw", attempt_id="a1")]
+
+    def rows(self) -> tuple[list[Any], AggregationStats]:
+        triplets = self.client.get_events_json(self.id, format="triplet", attempt_id="a1")
+        stats = AggregationStats()
+        return aggregate_rollout(triplets, self.id, "g", reward=1.0, stats=stats), stats
+
+
+def vllm_render(server: ScriptedVLLM, chat: dict[str, Any]) -> list[int]:
+    r = httpx.post(
+        f"{server.base_url}/v1/chat/completions/render", json={**chat, "model": SERVED_NAME}, timeout=120
+    )
+    r.raise_for_status()
+    return r.json()["token_ids"]
+
+
+def vllm_generate(server: ScriptedVLLM, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """Greedy generation on token ids, as vLLM does it for the Gateway."""
+    body = {
+        "model": SERVED_NAME,
+        "token_ids": prompt,
+        "sampling_params": {"temperature": 0.0, "max_tokens": n, "logprobs": 0},
+    }
+    r = httpx.post(f"{server.base_url}/inference/v1/generate", json=body, timeout=120)
+    r.raise_for_status()
+    choice = r.json()["choices"][0]
+    return choice["token_ids"], [e["logprob"] for e in choice["logprobs"]["content"]]
+
+
+def check_exact(server: ScriptedVLLM, rollout: Rollout, api: str, calls: int) -> list[dict[str, Any]]:
+    """Each call recorded once, on the token-exact path; the first prompt is vLLM's render of the
+    request, every later one continues the previous prompt + response; each recorded prompt,
+    re-generated greedily on vLLM, gives the recorded response ids and log-probs. One row."""
+    events = rollout.events()
+    assert len(events) == calls and all(e["api"] == api and e["status"] == "ok" for e in events)
+    triplets = [
+        e["data"] for e in rollout.client.get_events_json(rollout.id, format="triplet", attempt_id="a1")
+    ]
+    assert events[0]["segment"] == {"continues": False, "token_exact": True, "first": True}
+    sent = events[0].get("chat_request") or events[0]["request"]  # chat calls have no translation
+    assert triplets[0]["prompt_token_ids"] == vllm_render(server, sent)
+    sequence: list[int] = []
+    for event, triplet in zip(events, triplets, strict=True):
+        prompt, response = triplet["prompt_token_ids"], triplet["response_token_ids"]
+        if sequence:
+            assert event["segment"] == {"continues": True, "token_exact": True}
+            assert prompt[: len(sequence)] == sequence
+        ids, log_probs = vllm_generate(server, prompt, len(response))
+        assert ids == response
+        assert triplet["response_log_probs"] == pytest.approx(log_probs, abs=1e-4)
+        sequence = prompt + response
+    (row,), stats = rollout.rows()
+    assert row.n_calls == calls and stats.n_merge_mismatch == 0
+    return events
+
+
+# --- the three APIs' tool loops -------------------------------------------------------------
+
+
+def responses_loop(rollout: Rollout, stream_last: bool = False) -> str:
+    """The scripted tool loop through `responses.create` (and `responses.stream` for the last call)."""
+    items: list[Any] = [{"role": "user", "content": QUESTION}]
+    for turn in range(len(TOOL_TURNS) + 1):
+        if stream_last and turn == len(TOOL_TURNS):
+            with rollout.openai.responses.stream(model="m", input=items, tools=RESPONSES_TOOLS) as stream:
+                response = stream.get_final_response()
+        else:
+            response = rollout.openai.responses.create(model="m", input=items, tools=RESPONSES_TOOLS)
+        calls = [item for item in response.output if item.type == "function_call"]
+        if not calls:
+            return response.output_text
+        for call in calls:
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": call.call_id,
+                    "name": call.name,
+                    "arguments": call.arguments,
+                }
+            )
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": call.call_id,
+                    "output": calculate(json.loads(call.arguments)),
+                }
+            )
+    raise AssertionError("the model did not stop calling tools")
+
+
+def anthropic_loop(rollout: Rollout, stream_last: bool = False) -> str:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+    for turn in range(len(TOOL_TURNS) + 1):
+        kwargs = {"model": "m", "max_tokens": 200, "messages": messages, "tools": ANTHROPIC_TOOLS}
+        if stream_last and turn == len(TOOL_TURNS):
+            with rollout.anthropic.messages.stream(**kwargs) as stream:  # type: ignore[arg-type]
+                message = stream.get_final_message()
+        else:
+            message = rollout.anthropic.messages.create(**kwargs)  # type: ignore[arg-type]
+        uses = [block for block in message.content if block.type == "tool_use"]
+        if not uses:
+            assert message.stop_reason == "end_turn"
+            return "".join(block.text for block in message.content if block.type == "text")
+        assert message.stop_reason == "tool_use"
+        messages.append({"role": "assistant", "content": [block.model_dump() for block in message.content]})
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": u.id, "content": calculate(u.input)}  # type: ignore[arg-type]
+                    for u in uses
+                ],
+            }
+        )
+    raise AssertionError("the model did not stop calling tools")
+
+
+def chat_loop(rollout: Rollout, stream_last: bool = False) -> str:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+    for _ in range(len(TOOL_TURNS) + 1):
+        answer = rollout.openai.chat.completions.create(model="m", messages=messages, tools=TOOLS)  # type: ignore[arg-type]
+        message = answer.choices[0].message
+        if not message.tool_calls:
+            return message.content or ""
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls:
+            arguments = json.loads(call.function.arguments)  # type: ignore[union-attr]
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": calculate(arguments)})
+    raise AssertionError("the model did not stop calling tools")
+
+
+LOOPS: dict[str, Callable[..., str]] = {
+    "responses": responses_loop,
+    "anthropic.messages": anthropic_loop,
+    "chat.completions": chat_loop,
+}
+
+
+@pytest.mark.parametrize("api", ["responses", "anthropic.messages"])
+def test_sdk_tool_loop_is_recorded_exactly_as_vllm_generated(
+    gateways: dict[str, RunningGateway], vllm_server: ScriptedVLLM, api: str
+) -> None:
+    rollout = Rollout(gateways["exact"])
+    assert LOOPS[api](rollout, stream_last=True) == FINAL_ANSWER
+    events = check_exact(vllm_server, rollout, api, calls=3)
+    assert [e["stream"] for e in events] == [False, False, True]
+    first = events[0]["response"]["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert (first["name"], json.loads(first["arguments"])) == (FUNCTION["name"], TOOL_TURNS[0][0])
+
+
+def test_responses_stream_with_a_function_tool(
+    gateways: dict[str, RunningGateway], vllm_server: ScriptedVLLM
+) -> None:
+    rollout = Rollout(gateways["exact"])
+    with rollout.openai.responses.stream(model="m", input=QUESTION, tools=RESPONSES_TOOLS) as stream:
+        kinds = [event.type for event in stream]
+        response = stream.get_final_response()
+    (call,) = [item for item in response.output if item.type == "function_call"]
+    assert json.loads(call.arguments) == TOOL_TURNS[0][0]
+    assert "response.function_call_arguments.done" in kinds and kinds[-1] == "response.completed"
+    check_exact(vllm_server, rollout, "responses", calls=1)
+
+
+AGENTS_SDK_SCRIPT = """
+import json, sys
+from agents import Agent, FunctionTool, Runner
+
+spec = json.loads(sys.argv[1])
+
+async def calculator(ctx, arguments):
+    return str(eval(json.loads(arguments)["expression"], {"__builtins__": {}}))
+
+tool = FunctionTool(
+    name=spec["name"], description=spec["description"], params_json_schema=spec["parameters"],
+    on_invoke_tool=calculator, strict_json_schema=False,
+)
+agent = Agent(name="calc", tools=[tool], model="policy")  # the SDK's default model: Responses
+print(json.dumps(Runner.run_sync(agent, sys.argv[2]).final_output))
+"""
+
+
+def test_openai_agents_sdk_on_its_default_model(
+    gateways: dict[str, RunningGateway], vllm_server: ScriptedVLLM, tmp_path: Path
+) -> None:
+    if not EXAMPLES_PYTHON.exists():
+        if os.environ.get("CI"):
+            pytest.fail(".venv-examples (the OpenAI Agents SDK) must exist on CI")
+        pytest.skip(".venv-examples is not built here")
+    rollout = Rollout(gateways["exact"])
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "OPENAI_BASE_URL": rollout.root + "/openai/v1",  # what the Controller sets (conventional_env)
+        "OPENAI_API_KEY": KEY,
+        "OPENAI_AGENTS_DISABLE_TRACING": "1",
+    }
+    done = subprocess.run(
+        [str(EXAMPLES_PYTHON), "-c", AGENTS_SDK_SCRIPT, json.dumps(FUNCTION), QUESTION],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == FINAL_ANSWER
+    check_exact(vllm_server, rollout, "responses", calls=3)
+
+
+# --- drift: a model that writes its tool calls compactly -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compact_model(vllm_server: ScriptedVLLM, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The compact writer's weights in the shared server; the scripted weights put back after."""
+    reload_weights(vllm_server.base_url, save_compact_weights(tmp_path_factory.mktemp("compact")))
+    reset_prefix_cache(vllm_server.base_url)
+    try:
+        yield
+    finally:
+        reload_weights(vllm_server.base_url, vllm_server.model_dir)
+        reset_prefix_cache(vllm_server.base_url)
+
+
+@pytest.mark.parametrize("api", ["chat.completions", "responses", "anthropic.messages"])
+def test_compact_tool_calls_stay_one_row_token_exact_and_break_with_a_reason_in_pass_through(
+    gateways: dict[str, RunningGateway], vllm_server: ScriptedVLLM, compact_model: None, api: str
+) -> None:
+    rollout = Rollout(gateways["exact"])
+    assert LOOPS[api](rollout) == FINAL_ANSWER
+    events = check_exact(vllm_server, rollout, api, calls=3)
+    written = vllm_generate(vllm_server, events[0]["response"]["prompt_token_ids"], 64)[0]
+    assert (
+        b"<tool_call>{"
+        in httpx.post(  # the model really writes compactly
+            f"{vllm_server.base_url}/detokenize", json={"model": SERVED_NAME, "tokens": written}, timeout=60
+        ).content
+    )
+
+    # Pass-through: vLLM re-renders the compact call with the template's newlines and spaces.
+    rollout = Rollout(gateways["pass"])
+    assert LOOPS[api](rollout) == FINAL_ANSWER
+    events = rollout.events()
+    assert events[0]["segment"] == {"continues": False, "token_exact": False, "first": True}
+    broken = events[1]["segment"]
+    assert broken["continues"] is False and broken["break"]["reason"] == "rerendered"
+    previous = events[0]["response"]
+    sequence = previous["prompt_token_ids"] + previous["choices"][0]["token_ids"]
+    index = broken["break"]["index"]
+    assert len(previous["prompt_token_ids"]) < index < len(sequence)  # inside the model's own answer
+    assert events[1]["response"]["prompt_token_ids"][:index] == sequence[:index]
+    assert events[1]["response"]["prompt_token_ids"][index] != sequence[index]
+    rows, stats = rollout.rows()
+    assert len(rows) == 3 and stats.n_merge_mismatch == 2
+
+
+def test_a_compacted_history_is_a_new_segment_with_its_reason(
+    gateways: dict[str, RunningGateway], vllm_server: ScriptedVLLM
+) -> None:
+    rollout = Rollout(gateways["exact"])
+    messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+    for arguments, result in TOOL_TURNS:
+        message = (
+            rollout.openai.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+            .choices[0]
+            .message
+        )  # type: ignore[arg-type]
+        (call,) = message.tool_calls or []
+        assert json.loads(call.function.arguments) == arguments  # type: ignore[union-attr]
+        messages += [
+            message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": result},
+        ]
+    assert (
+        rollout.openai.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+        .choices[0]
+        .message.content
+        == FINAL_ANSWER
+    )  # type: ignore[arg-type]
+    # The agent summarizes its history and goes on from the summary.
+    summary = [{"role": "user", "content": f"{QUESTION} (So far: 7+5 is 12 and 12*2 is 24.)"}]
+    rollout.openai.chat.completions.create(model="m", messages=summary, tools=TOOLS, max_tokens=16)  # type: ignore[arg-type]
+    events = rollout.events()
+    assert [e["segment"]["continues"] for e in events] == [False, True, True, False]
+    assert events[3]["segment"]["break"]["reason"] == "history_shortened"
+    assert events[3]["response"]["prompt_token_ids"] == vllm_render(
+        vllm_server, {"messages": summary, "tools": TOOLS}
+    )
+    rows, _ = rollout.rows()
+    assert [row.n_calls for row in rows] == [3, 1]
+    assert all(sum(row.response_mask) > 0 for row in rows)  # both segments are trained
+    metrics = httpx.get(f"{gateways['exact'].url}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    assert 'agl_proxy_history_breaks_total{reason="history_shortened"}' in metrics
+
+
+def test_derender_parses_what_chat_parses(
+    gateways: dict[str, RunningGateway], vllm_server: ScriptedVLLM
+) -> None:
+    """The token-exact answer reads like vLLM's own chat answer to the same request."""
+    rollout = Rollout(gateways["exact"])
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": QUESTION}],
+        "tools": TOOLS,
+        "temperature": 0,
+    }
+    ours = rollout.openai.chat.completions.create(**body).choices[0]  # type: ignore[arg-type]
+    direct = (
+        openai.OpenAI(base_url=vllm_server.endpoint, api_key="x", max_retries=0)
+        .chat.completions.create(
+            **{**body, "model": SERVED_NAME}  # type: ignore[arg-type]
+        )
+        .choices[0]
+    )
+    assert ours.finish_reason == direct.finish_reason == "tool_calls"
+    assert ours.message.content == direct.message.content
+    assert [(c.function.name, c.function.arguments) for c in ours.message.tool_calls or []] == [  # type: ignore[union-attr]
+        (c.function.name, c.function.arguments)
+        for c in direct.message.tool_calls or []  # type: ignore[union-attr]
+    ]
