@@ -242,3 +242,24 @@ async def test_sqlite_persists_across_reopen_and_refuses_a_second_owner(tmp_path
         assert [m.version for m in await s2.list_models()] == [2]
     finally:
         await s2.close()
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"synchronous": "full"}, "store.synchronous"),
+        ({"read_threads": 8}, "store.read_threads"),
+        ({"wal_max_bytes": 1024}, "store.wal_max_bytes"),
+    ],
+)
+def test_sqlite_settings_on_a_postgres_url_are_refused_naming_them(settings: dict, named: str) -> None:
+    # nothing is connected: the check comes first
+    with pytest.raises(ValueError, match=named.replace(".", r"\.")):
+        store_from_url("postgresql://agl@127.0.0.1:1/agl", **settings)
+
+
+def test_pool_size_on_a_sqlite_url_and_an_unknown_scheme_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"store\.pool_size"):
+        store_from_url(f"sqlite:///{tmp_path / 'g.db'}", pool_size=4)
+    with pytest.raises(ValueError, match="postgresql://"):
+        store_from_url("mysql://x")

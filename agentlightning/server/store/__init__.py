@@ -37,6 +37,15 @@ def store_from_url(
     `pool_size` is the Postgres connection pool's size (0: its default); SQLite's settings
     (`synchronous`, `read_threads`, `wal_max_bytes`) do not apply to Postgres."""
     if url.startswith(("postgresql://", "postgres://")):
+        # A setting that would do nothing is refused, naming it (they tune SQLite's file only).
+        sqlite_only = {
+            "synchronous": (synchronous, "normal"),
+            "read_threads": (read_threads, 4),
+            "wal_max_bytes": (wal_max_bytes, WAL_MAX_BYTES),
+        }
+        for name, (value, default) in sqlite_only.items():
+            if value != default:
+                raise ValueError(f"store.{name} applies to a sqlite:/// store.url only, not to Postgres")
         try:
             from agentlightning.server.store.postgres import PostgresStore
         except ImportError as exc:
@@ -56,4 +65,6 @@ def store_from_url(
             read_threads=read_threads,
             wal_max_bytes=wal_max_bytes,
         )
-    raise ValueError(f"store.url must be 'memory://' or 'sqlite:///path/to/file.db', got {url!r}")
+    raise ValueError(
+        f"store.url must be 'memory://', 'sqlite:///path/to/file.db' or 'postgresql://…', got {url!r}"
+    )
