@@ -18,6 +18,7 @@ from agentlightning.server.proxy.translate import (
     ApiInputError,
     as_dict,
     as_list,
+    chat_function_tool,
     chat_message,
     chat_tool_calls,
     chat_usage,
@@ -186,15 +187,7 @@ def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
         raise ApiInputError(
             f"tools[{i}] has type {tool.get('type')!r}: only client tools (name, input_schema) are supported"
         )
-    name = tool.get("name")
-    if not isinstance(name, str) or not name:
-        raise ApiInputError(f"tools[{i}] needs a 'name'")
-    # In OpenAI's key order: chat templates write tools with `tojson`, which keeps the order.
-    function: dict[str, Any] = {"name": name}
-    if tool.get("description"):
-        function["description"] = tool["description"]
-    function["parameters"] = tool.get("input_schema") or {"type": "object"}
-    return {"type": "function", "function": function}
+    return chat_function_tool(tool, i, "input_schema")
 
 
 def _tool_choice(chat: dict[str, Any], choice: dict[str, Any]) -> None:

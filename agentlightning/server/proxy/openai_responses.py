@@ -20,6 +20,7 @@ from agentlightning.server.proxy.translate import (
     ApiInputError,
     as_dict,
     as_list,
+    chat_function_tool,
     chat_message,
     chat_tool_calls,
     chat_usage,
@@ -162,15 +163,7 @@ def _tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
             f"tools[{i}] has type {tool.get('type')!r}: only function tools are supported "
             "(hosted tools such as web_search run at OpenAI, not on this model)"
         )
-    name = tool.get("name")
-    if not isinstance(name, str) or not name:
-        raise ApiInputError(f"tools[{i}] needs a 'name'")
-    # In OpenAI's key order: chat templates write tools with `tojson`, which keeps the order.
-    function: dict[str, Any] = {"name": name}
-    if tool.get("description"):
-        function["description"] = tool["description"]
-    function["parameters"] = tool.get("parameters") or {"type": "object"}
-    return {"type": "function", "function": function}
+    return chat_function_tool(tool, i, "parameters")
 
 
 def _tool_choice(choice: Any) -> Any:

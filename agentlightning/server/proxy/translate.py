@@ -37,6 +37,19 @@ def ensure_calls_answered(messages: list[dict[str, Any]], item_name: str, id_nam
             )
 
 
+def chat_function_tool(tool: dict[str, Any], i: int, schema_key: str) -> dict[str, Any]:
+    """A client tool (`name`, `description`, its JSON schema under `schema_key`) as a chat tool."""
+    name = tool.get("name")
+    if not isinstance(name, str) or not name:
+        raise ApiInputError(f"tools[{i}] needs a 'name'")
+    # In OpenAI's key order: chat templates write tools with `tojson`, which keeps the order.
+    function: dict[str, Any] = {"name": name}
+    if tool.get("description"):
+        function["description"] = tool["description"]
+    function["parameters"] = tool.get(schema_key) or {"type": "object"}
+    return {"type": "function", "function": function}
+
+
 def chat_message(chat: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """The first choice's message and finish reason of a chat answer."""
     choices = chat.get("choices")
