@@ -233,7 +233,7 @@ class RetryPolicy:
     retry_statuses: frozenset[int] = frozenset({500, 502, 503, 504})
 
     def delay(self, attempt: int) -> float:
-        base = min(self.backoff_seconds * 2**attempt, self.max_backoff_seconds)
+        base: float = min(self.backoff_seconds * 2.0**attempt, self.max_backoff_seconds)
         return base * random.uniform(1 - self.jitter, 1 + self.jitter)
 
 

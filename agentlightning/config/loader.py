@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 USAGE = """usage: {prog} [--config FILE.yaml] [key=value ...]
@@ -45,11 +45,13 @@ def load_cli_config(config_name: str, argv: Sequence[str], prog: str, strict: bo
     # `key=` means the empty string, not null
     args = [f"{a}''" if a.endswith("=") else a for a in args]
     try:
-        base = _compose(config_name, [])
+        base: DictConfig | ListConfig = _compose(config_name, [])
         OmegaConf.set_struct(base, strict)
         if user_file is not None:
             base = OmegaConf.merge(base, OmegaConf.load(user_file))
-        return OmegaConf.merge(base, OmegaConf.from_dotlist(args))  # type: ignore[return-value]
+        merged = OmegaConf.merge(base, OmegaConf.from_dotlist(args))
+        assert isinstance(merged, DictConfig)  # a DictConfig merged with anything stays one
+        return merged
     except (OmegaConfBaseException, ValueError) as exc:
         _fail(prog, f"bad config: {exc}")
         raise  # unreachable: _fail exits

@@ -99,7 +99,7 @@ def serve(sock: socket.socket) -> _Child | None:
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a Python handler makes the wakeup fd fire
     buffer = b""
     while True:
-        readable, _, _ = select.select([sock, wake_r], [], [])
+        readable, _, _ = select.select([sock.fileno(), wake_r], [], [])
         if wake_r in readable:
             try:
                 while os.read(wake_r, 512):
@@ -107,7 +107,7 @@ def serve(sock: socket.socket) -> _Child | None:
             except BlockingIOError:
                 pass
             _reap(sock)
-        if sock not in readable:
+        if sock.fileno() not in readable:
             continue
         data = sock.recv(1 << 20)
         if not data:

@@ -16,7 +16,7 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import kr8s
@@ -54,6 +54,8 @@ API_ERRORS: tuple[type[Exception], ...] = (
     httpx.TransportError,
     OSError,
 )
+# What reading or writing one object may raise: the API's errors, or a reply kr8s cannot parse.
+READ_ERRORS: tuple[type[Exception], ...] = (*API_ERRORS, ValueError)
 
 
 class SlidingWindow:
@@ -255,7 +257,7 @@ class K8sRunner(Runner):
                     del self.handles[name]
                     raise LaunchError(f"Kubernetes rejected Job {name}: {_api_message(exc)}") from None
                 error = f"{status}: {_api_message(exc)}"
-            except (*API_ERRORS, ValueError) as exc:
+            except READ_ERRORS as exc:
                 error = _api_message(exc)
             if time.time() + delay > give_up:
                 del self.handles[name]
@@ -279,7 +281,7 @@ class K8sRunner(Runner):
                 return
             except kr8s.NotFoundError:
                 return
-            except (*API_ERRORS, ValueError) as exc:
+            except READ_ERRORS as exc:
                 log.warning("job_delete_failed", job=name, error=_api_message(exc))
                 await asyncio.sleep(min(2**attempt, 10))
 
@@ -326,7 +328,7 @@ class K8sRunner(Runner):
         selector = {MANAGED_BY_KEY: MANAGED_BY}
         listed_at = time.monotonic()
         jobs = {
-            j.name: _raw(j)
+            cast(Job, j).name: _raw(j)
             async for j in api.get("jobs", namespace=self.k8s.namespace, label_selector=selector)
         }
         for name, handle in list(self.handles.items()):
@@ -395,7 +397,9 @@ class K8sRunner(Runner):
     async def _pod_failure(self, handle: K8sHandle, reason: str, message: str) -> Outcome:
         api = await self.api()
         selector = {ROLLOUT_LABEL: handle.pod_key[0], ATTEMPT_LABEL: handle.pod_key[1]}
-        pods = [p async for p in api.get("pods", namespace=self.k8s.namespace, label_selector=selector)]
+        pods = [
+            cast(Pod, p) async for p in api.get("pods", namespace=self.k8s.namespace, label_selector=selector)
+        ]
         for pod in pods:
             raw = _raw(pod)
             status = raw.get("status") or {}

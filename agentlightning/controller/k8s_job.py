@@ -118,20 +118,20 @@ def shape_job(
     env: Mapping[str, str],
 ) -> dict[str, Any]:
     """The rendered Job with everything the controller owns set (a copy)."""
-    job = copy.deepcopy(dict(job))
+    rendered: dict[str, Any] = copy.deepcopy(dict(job))
     labels = {
         MANAGED_BY_KEY: MANAGED_BY,
         ROLLOUT_LABEL: label_value(rollout_id),
         ATTEMPT_LABEL: label_value(attempt_id),
     }
     annotations = {ROLLOUT_LABEL: rollout_id, ATTEMPT_LABEL: attempt_id}  # exact ids, whatever their form
-    metadata = _mapping(job, "metadata")
+    metadata = _mapping(rendered, "metadata")
     metadata.pop("generateName", None)
     metadata["name"] = name
     metadata["namespace"] = namespace
     _mapping(metadata, "labels").update(labels)
     _mapping(metadata, "annotations").update(annotations)
-    spec = _mapping(job, "spec")
+    spec = _mapping(rendered, "spec")
     spec["backoffLimit"] = 0
     spec["activeDeadlineSeconds"] = max(1, math.ceil(timeout_seconds))
     if ttl_after_finished >= 0:
@@ -150,4 +150,4 @@ def shape_job(
                 e for e in container.get("env") or [] if not (isinstance(e, dict) and e.get("name") in env)
             ]
             container["env"] = kept + [{"name": k, "value": v} for k, v in env.items()]
-    return job
+    return rendered

@@ -162,8 +162,13 @@ async def watch_foreign_pid(pid: int, ticks: int | None) -> None:
         os.close(fd)
         return
     loop = asyncio.get_running_loop()
-    done = loop.create_future()
-    loop.add_reader(fd, lambda: done.done() or done.set_result(None))
+    done: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    loop.add_reader(fd, readable)
     try:
         await done
     finally:

@@ -104,9 +104,9 @@ class WarmProcess:
                     if future is not None and not future.done():
                         future.set_exception(SpawnFailed(message.get("error", "spawn failed")))
                 elif op == "exited":
-                    exit_future = self._exits.pop(message["pid"], None)
-                    if exit_future is not None and not exit_future.done():
-                        exit_future.set_result(os.waitstatus_to_exitcode(message["status"]))
+                    exited = self._exits.pop(message["pid"], None)
+                    if exited is not None and not exited.done():
+                        exited.set_result(os.waitstatus_to_exitcode(message["status"]))
         except (ConnectionError, ValueError) as exc:
             log.warning("warm_process_stream_error", agent_class=self.agent_class, error=str(exc))
         finally:

@@ -173,7 +173,7 @@ def build_model(config: TinyModelConfig | None = None, seed: int = 0, tokenizer:
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        attn_implementation="sdpa",
+        attn_implementation="sdpa",  # type: ignore[call-arg]  # a PretrainedConfig keyword, not in Qwen2Config's signature
         **asdict(config),
     )
     # Seed only our own generator so that building a model does not disturb the caller's RNG.

@@ -137,8 +137,8 @@ def warmup(model: Any, tokenizer: Any, config: WarmupConfig | None = None) -> di
         schedule.step()
         losses.append(loss.item())
     model.eval()
-    tail = losses[-20:]
-    return {"warmup/loss": sum(tail) / max(len(tail), 1), "warmup/time_s": time.perf_counter() - t0}
+    last = losses[-20:]
+    return {"warmup/loss": sum(last) / max(len(last), 1), "warmup/time_s": time.perf_counter() - t0}
 
 
 def _collate(

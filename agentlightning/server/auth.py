@@ -162,6 +162,8 @@ class Authenticator:
 
 
 def credential_of(scope: Scope) -> str | None:
+    name: bytes
+    value: bytes
     for name, value in scope["headers"]:
         if name == b"authorization":
             scheme, _, token = value.partition(b" ")

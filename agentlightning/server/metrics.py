@@ -72,7 +72,8 @@ class FastHistogram:
         return _Timer(self)
 
     def buckets(self) -> list[tuple[str, float]]:
-        out, total = [], 0
+        out: list[tuple[str, float]] = []
+        total = 0
         for bound, count in zip((*self.bounds, math.inf), self.counts, strict=True):
             total += count
             out.append((floatToGoString(bound), total))

@@ -86,10 +86,11 @@ class GatewayState:
 
 
 def get_state(request: Request) -> GatewayState:
-    return request.app.state.gateway
+    state: GatewayState = request.app.state.gateway
+    return state
 
 
 async def state_dependency(request: Request) -> GatewayState:
     """`Depends(state_dependency)`: async, because FastAPI runs a plain-def dependency in a
     thread pool, a hop on every request."""
-    return request.app.state.gateway
+    return get_state(request)

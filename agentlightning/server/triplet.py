@@ -61,12 +61,14 @@ def _log_probs(choice: dict[str, Any], n_tokens: int) -> list[float] | None:
     if not isinstance(logprobs, dict):
         return None
     content = logprobs.get("content")
+    values: list[Any]
     if isinstance(content, list):
         values = [item.get("logprob") if isinstance(item, dict) else None for item in content]
     else:
-        values = logprobs.get("token_logprobs")
-        if not isinstance(values, list):
+        token_logprobs = logprobs.get("token_logprobs")
+        if not isinstance(token_logprobs, list):
             return None
+        values = token_logprobs
     if len(values) != n_tokens:
         return None
     try:

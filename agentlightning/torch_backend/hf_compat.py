@@ -17,7 +17,7 @@ KV = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 @cache
-def _forward_params(cls: type) -> frozenset[str]:
+def _forward_params(cls: Any) -> frozenset[str]:
     return frozenset(inspect.signature(cls.forward).parameters)
 
 
@@ -31,7 +31,7 @@ def forward(
     use_cache: bool = True,
 ) -> tuple[torch.Tensor, KV | None]:
     """Run the model; return logits (all positions, or the last one) and the new KV tensors."""
-    params = _forward_params(type(model))
+    params = _forward_params(model.__class__)
     kwargs: dict[str, Any] = {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
@@ -63,7 +63,7 @@ def to_cache(kv: KV) -> Any:
     try:
         return DynamicCache(ddp_cache_data=kv)
     except TypeError:  # transformers < 4.52
-        return DynamicCache.from_legacy_cache(tuple(kv))
+        return DynamicCache.from_legacy_cache(tuple(kv))  # type: ignore[attr-defined]  # removed in 4.52
 
 
 def from_cache(cache_obj: Any) -> KV:
@@ -83,7 +83,7 @@ def logits_for_last(
     keep: int,
 ) -> torch.Tensor:
     """Logits of the last `keep` positions only (training: the response part of left-padded rows)."""
-    params = _forward_params(type(model))
+    params = _forward_params(model.__class__)
     kwargs: dict[str, Any] = {
         "input_ids": input_ids,
         "attention_mask": attention_mask,

@@ -81,7 +81,7 @@ def apply_lora(model: Any, settings: LoraSettings) -> Any:
     targets = settings.target_modules
     config = LoraConfig(
         r=settings.rank,
-        lora_alpha=settings.alpha,
+        lora_alpha=settings.alpha,  # type: ignore[arg-type]  # peft annotates int; it scales by alpha / r
         target_modules=targets if isinstance(targets, str) else list(targets),
         lora_dropout=0.0,  # the served log-probs must equal the policy's: no dropout anywhere
         bias="none",

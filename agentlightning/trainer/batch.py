@@ -29,7 +29,7 @@ from agentlightning.trainer.advantage import (
 )
 from agentlightning.trainer.aggregation import AggregationStats, RowLimits, aggregate_calls, usable_calls
 from agentlightning.trainer.collected import CollectedRollout
-from agentlightning.trainer.config import AdvantageMode, CoreConfig, FailedRolloutPolicy
+from agentlightning.trainer.config import AdvantageMode, AggregationLevel, CoreConfig, FailedRolloutPolicy
 from agentlightning.trainer.gcpause import gc_paused
 from agentlightning.trainer.metrics import (
     aggregation_metrics,
@@ -127,7 +127,7 @@ def _build(
         if calls:
             members.append((rollout.rollout_id, rollout.group_id, reward))
         rollout_rows = aggregate_calls(
-            calls, rollout.rollout_id, rollout.group_id, reward, level, limits, stats
+            calls, rollout.rollout_id, rollout.group_id, reward, AggregationLevel(level), limits, stats
         )
         per_call = call_rewards(rollout.events)
         usable = [per_call.get(c.index, 0.0) for c in calls]

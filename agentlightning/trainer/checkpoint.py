@@ -109,7 +109,8 @@ def load_loop_state(path: str | Path) -> dict[str, Any]:
     file = Path(path) / LOOP_STATE_FILE
     if not file.is_file():
         raise FileNotFoundError(f"no checkpoint at {path} (expected {file})")
-    return json.loads(file.read_text())
+    state: dict[str, Any] = json.loads(file.read_text())
+    return state
 
 
 def fsync_file(path: Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, Protocol
 
 from agentlightning.trainer.collected import CollectedRollout
@@ -65,6 +66,9 @@ class AsyncCollector:
         done = self.manager.is_done
         return [g for g in self._in_flight.values() if all(done(r) for r in g.rollout_ids)]
 
+    def _has_complete(self, target: int) -> bool:
+        return len(self._complete()) >= target
+
     def collect(
         self, next_samples: SampleSource, step: int
     ) -> tuple[list[CollectedRollout], dict[str, float]]:
@@ -86,7 +90,7 @@ class AsyncCollector:
             target = min(config.train_batch_size - len(taken), len(self._in_flight))
             if target <= 0:
                 break  # the data are exhausted
-            self.manager.wait(lambda target=target: len(self._complete()) >= target)
+            self.manager.wait(partial(self._has_complete, target))
             complete = self._complete()
             seq = self.manager.finish_seq
             complete.sort(key=lambda g: max(seq(r) for r in g.rollout_ids))

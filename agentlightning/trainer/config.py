@@ -402,7 +402,7 @@ def core_config_keys() -> list[str]:
 
     def walk(prefix: str, cls: type) -> None:
         for f in fields(cls):
-            default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
+            default = f.default_factory() if callable(f.default_factory) else f.default
             if hasattr(default, "__dataclass_fields__"):
                 walk(f"{prefix}{f.name}.", type(default))
             else:

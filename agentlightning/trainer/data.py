@@ -24,6 +24,7 @@ def load_samples(path: str | Path, key: str = "data.train_files") -> list[dict[s
     if not p.is_file():
         raise ConfigError(f"{key}: {path} is not a file")
     suffix = p.suffix.lower()
+    samples: list[Any]
     if suffix == ".parquet":
         try:
             import pandas as pd
@@ -38,7 +39,7 @@ def load_samples(path: str | Path, key: str = "data.train_files") -> list[dict[s
         if not isinstance(samples, list):
             raise ConfigError(f"{key}: {path} must hold a JSON list of samples")
     elif suffix == ".jsonl":
-        samples = []
+        samples = []  # filled line by line below
         for n, line in enumerate(p.read_text().splitlines(), 1):
             if not line.strip():
                 continue

@@ -31,7 +31,7 @@ def dataclass_keys(prefix: str, cls: type, skip: Collection[str] = ()) -> tuple[
         key = f"{prefix}{f.name}"
         if key in skip:
             continue
-        default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
+        default = f.default_factory() if callable(f.default_factory) else f.default
         if is_dataclass(default):
             more, more_maps = dataclass_keys(f"{key}.", type(default), skip)
             leaves |= more

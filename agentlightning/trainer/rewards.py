@@ -18,7 +18,8 @@ _F32 = struct.Struct("<f")
 
 def to_float32(value: float) -> float:
     """`value` rounded to the nearest float32. Raises OverflowError past float32's range."""
-    return _F32.unpack(_F32.pack(value))[0]
+    result: float = _F32.unpack(_F32.pack(value))[0]
+    return result
 
 
 def reward_value(data: Any) -> float | None:

@@ -100,8 +100,8 @@ def _routes_tensor(
                 f"than its row's {pl + rl} (prompt {pl} + response {rl}): routes of another call?"
             )
         decoded[i] = routes[: pl + rl]
-    for k, i in enumerate(source):
-        j = filler if i is None else i  # a padding row repeats the filler's tokens: its routes too
+    for k, picked in enumerate(source):
+        j = filler if picked is None else picked  # a padding row repeats the filler's tokens: its routes too
         routes = decoded[j]
         start = p_len - len(rows[j].prompt_ids)  # prompt left-padded, response right after it
         out[k, start : start + len(routes)] = torch.from_numpy(routes.astype(np.int16))

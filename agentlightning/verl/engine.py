@@ -44,11 +44,14 @@ def ray_runtime_env(view: DictConfig) -> dict[str, Any]:
     env: dict[str, Any] = dict(get_ppo_ray_runtime_env(view))
     user = OmegaConf.select(view, "ray_kwargs.ray_init.runtime_env", default=None)
     if user is not None:
-        for key, value in OmegaConf.to_container(user, resolve=True).items():  # type: ignore[union-attr]
+        user_env = OmegaConf.to_container(user, resolve=True)
+        if not isinstance(user_env, dict):
+            raise ValueError("ray_kwargs.ray_init.runtime_env must be a mapping")
+        for key, value in user_env.items():
             if key == "env_vars":
                 env.setdefault("env_vars", {}).update(value or {})
             else:
-                env[key] = value
+                env[str(key)] = value
     hook = env.get("worker_process_setup_hook")
     if hook not in (None, LOSS_HOOK):
         raise ValueError(
@@ -68,11 +71,12 @@ def start_ray(view: DictConfig, **overrides: Any) -> bool:
             "ray_already_initialized", hint=f"its runtime env must set worker_process_setup_hook={LOSS_HOOK}"
         )
         return False
-    kwargs = OmegaConf.to_container(
+    configured = OmegaConf.to_container(
         OmegaConf.select(view, "ray_kwargs.ray_init", default={}) or {}, resolve=True
     )
-    assert isinstance(kwargs, dict)
-    kwargs = {k: v for k, v in kwargs.items() if v is not None}
+    if not isinstance(configured, dict):
+        raise ValueError("ray_kwargs.ray_init must be a mapping")
+    kwargs: dict[str, Any] = {str(k): v for k, v in configured.items() if v is not None}
     kwargs["runtime_env"] = ray_runtime_env(view)
     kwargs.update(overrides)
     ray.init(**kwargs)
@@ -95,7 +99,8 @@ class NoAgentLoops:
 def _builder_class() -> type:
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-    class WorkerBuilder(RayPPOTrainer):  # type: ignore[misc, valid-type]
+    # verl is installed only in .venv-verl: where it is not, RayPPOTrainer is Any.
+    class WorkerBuilder(RayPPOTrainer):  # type: ignore[misc, valid-type, unused-ignore]
         """verl's trainer as a builder of workers only: no datasets, no loop."""
 
         def _create_dataloader(self, *args: Any, **kwargs: Any) -> None:

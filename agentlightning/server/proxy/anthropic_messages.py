@@ -286,9 +286,9 @@ def stream_events(message: dict[str, Any]) -> bytes:
             events.append(
                 ("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})
             )
-            delta = {"type": "text_delta", "text": block["text"]}
+            delta: dict[str, Any] = {"type": "text_delta", "text": block["text"]}
         elif kind == "thinking":
-            start = {"type": "thinking", "thinking": "", "signature": ""}
+            start: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
             events.append(("content_block_start", {"index": index, "content_block": start}))
             delta = {"type": "thinking_delta", "thinking": block["thinking"]}
         else:  # tool_use

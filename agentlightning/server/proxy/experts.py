@@ -71,7 +71,7 @@ class RouteIndex:
             return []
         key = (rollout_id, attempt_id)
         holders = self._attempts.pop(key, [])
-        dropped: list[int] = []
+        dropped: list[_Holder] = []
         kept: list[_Holder] = []
         n = len(prompt_ids)
         whole = prompt_key(prompt_ids)

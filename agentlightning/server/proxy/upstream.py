@@ -79,7 +79,7 @@ class UpstreamClient:
 
     def backoff(self, retry: int) -> float:
         c = self.config
-        base = min(c.backoff_seconds * 2**retry, c.max_backoff_seconds)
+        base: float = min(c.backoff_seconds * 2.0**retry, c.max_backoff_seconds)
         return base * random.uniform(1 - c.jitter, 1 + c.jitter)
 
     def _url(self, endpoint: str, path: str) -> URL:

@@ -27,7 +27,9 @@ State = Annotated[GatewayState, Depends(state_dependency)]
 RECENT_FAILURES = 20
 
 
-async def _events(state: GatewayState, rollout: Rollout, view: Literal["data", "triplet"]) -> list[dict]:
+async def _events(
+    state: GatewayState, rollout: Rollout, view: Literal["data", "triplet"]
+) -> list[dict[str, Any]]:
     """The events of the rollout's last attempt (as GET /api/rollouts/{id}/events gives them)."""
     attempt_id = rollout.status.last_attempt_id
     if attempt_id is None:
@@ -36,7 +38,8 @@ async def _events(state: GatewayState, rollout: Rollout, view: Literal["data", "
             return []
         attempt_id = attempts[-1].attempt_id
     stored = await state.store.list_events(rollout.rollout_id, attempt_id, None, view=view)
-    return orjson.loads(render_events(stored, view))
+    events: list[dict[str, Any]] = orjson.loads(render_events(stored, view))
+    return events
 
 
 def last_reward(events: list[dict[str, Any]]) -> float | None:
@@ -128,8 +131,8 @@ async def rollouts(
 def _call_view(event: dict[str, Any]) -> dict[str, Any]:
     """A model call as the page shows it: the conversation, without token ids and log-probs."""
     d = event.get("data") or {}
-    request = d.get("request") if isinstance(d.get("request"), dict) else {}
-    response = d.get("response") if isinstance(d.get("response"), dict) else {}
+    request: dict[str, Any] = d["request"] if isinstance(d.get("request"), dict) else {}
+    response: dict[str, Any] = d["response"] if isinstance(d.get("response"), dict) else {}
     answers = []
     for choice in response.get("choices") or []:
         if isinstance(choice, dict):
@@ -165,7 +168,7 @@ def _call_view(event: dict[str, Any]) -> dict[str, Any]:
 
 def _break_reason(before: Call, call: Call) -> str:
     """Why `call` could not extend the row ending with `before` (the trajectory merge rule)."""
-    seq = before.prompt_ids + before.response_ids
+    seq = [*before.prompt_ids, *before.response_ids]
     p = call.prompt_ids
     if len(p) < len(seq):
         return (

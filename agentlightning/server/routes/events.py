@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import orjson
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
@@ -89,7 +89,7 @@ async def get_events(
     rollout = await state.store.get_rollout(rollout_id)
     if rollout is None:
         raise RolloutNotFound(rollout_id)
-    view = "triplet" if format == "triplet" else "data"
+    view: Literal["data", "triplet"] = "triplet" if format == "triplet" else "data"
     events = await _attempt_events(state, rollout, attempt_id, event_type, view)
     routes = await _routes(state, rollout_id, include_routed_experts)
     return Response(render_events(events, view, routes), media_type="application/json")

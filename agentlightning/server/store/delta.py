@@ -135,7 +135,8 @@ class PromptDigests:
             return self.blocks[k - 1]
         h = self.states[k].copy()
         h.update(memoryview(raw)[k * BLOCK * 4 : n * 4])
-        return h.digest()
+        digest: bytes = h.digest()
+        return digest
 
 
 @dataclass(slots=True)

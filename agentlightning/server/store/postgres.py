@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Collection
-from typing import Any
+from collections.abc import Awaitable, Callable, Collection
+from functools import partial
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -42,6 +43,7 @@ from agentlightning.server.store.base import (
 )
 from agentlightning.server.store.delta import CallDraft, CallIndex, View, materialize
 
+T = TypeVar("T")
 log = get_logger("store")
 CHANNEL = "agl_changes"
 MIGRATION_LOCK = 0x61676C  # advisory lock id: one replica migrates at a time
@@ -251,7 +253,7 @@ class PostgresStore(Store):
 
     # --- plumbing -------------------------------------------------------------------------
 
-    async def _run(self, op: Callable[[asyncpg.Connection], Any], write: bool) -> Any:
+    async def _run(self, op: Callable[[asyncpg.Connection], Awaitable[T]], write: bool) -> T:
         """Run `op` on a pooled connection (in a transaction when `write`). A lost connection
         is retried once for reads (a pooled connection may predate a database restart); then
         StoreUnavailable."""
@@ -275,10 +277,10 @@ class PostgresStore(Store):
                     ) from exc
         raise AssertionError("unreachable")
 
-    def _read(self, op: Callable[[asyncpg.Connection], Any]) -> Any:
+    def _read(self, op: Callable[[asyncpg.Connection], Awaitable[T]]) -> Awaitable[T]:
         return self._run(op, write=False)
 
-    def _write(self, op: Callable[[asyncpg.Connection], Any]) -> Any:
+    def _write(self, op: Callable[[asyncpg.Connection], Awaitable[T]]) -> Awaitable[T]:
         return self._run(op, write=True)
 
     # --- rollouts -------------------------------------------------------------------------
@@ -338,7 +340,8 @@ class PostgresStore(Store):
         offset: int,
         limit: int,
     ) -> tuple[int, list[Rollout]]:
-        where, args = ["true"], []
+        where: list[str] = ["true"]
+        args: list[Any] = []
         if states is not None:
             args.append([s.value for s in states])
             where.append(f"state = ANY(${len(args)}::text[])")
@@ -400,7 +403,7 @@ class PostgresStore(Store):
         self._calls.forget(rollout_id)
 
         async def op(conn: asyncpg.Connection) -> bool:
-            done = await conn.execute("DELETE FROM rollouts WHERE rollout_id=$1", rollout_id)
+            done: str = await conn.execute("DELETE FROM rollouts WHERE rollout_id=$1", rollout_id)
             await self._notify(conn, "delete", rollout_id)
             return done != "DELETE 0"
 
@@ -440,10 +443,9 @@ class PostgresStore(Store):
         """Insert queued appends, many in one transaction, until none are left."""
         while self._pending:
             batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+            insert = partial(self._insert_events, records=[r for r, _ in batch])
             try:
-                results = await self._write(
-                    lambda conn, b=batch: self._insert_events(conn, [r for r, _ in b])
-                )
+                results = await self._write(insert)
             except Exception as exc:  # nothing of this batch was committed
                 for _, future in batch:
                     if not future.done():
@@ -595,7 +597,7 @@ class PostgresStore(Store):
         """Store the pause state for every replica; its new epoch."""
 
         async def op(conn: asyncpg.Connection) -> int:
-            epoch = await conn.fetchval(
+            epoch: int = await conn.fetchval(
                 "UPDATE proxy_state SET paused=$1, retry_after_seconds=$2, reason=$3, epoch=epoch+1 "
                 "WHERE id=1 RETURNING epoch",
                 paused,

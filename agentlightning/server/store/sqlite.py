@@ -174,10 +174,10 @@ class _Writer(threading.Thread):
                 next_seq = self._insert_events(conn, rows, next_seq, results)
             conn.execute("COMMIT")
             self._next_seq = next_seq
-        except Exception as exc:  # the whole transaction failed: nothing is acknowledged
+        except Exception as failure:  # the whole transaction failed: nothing is acknowledged
             if conn.in_transaction:
                 conn.rollback()
-            results = [(None, exc)] * len(batch)
+            results = [(None, failure)] * len(batch)
         by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
         for (_, _, future, loop), (value, exc) in zip(batch, results, strict=True):
             by_loop.setdefault(loop, []).append((future, value, exc))
@@ -494,6 +494,7 @@ class SqliteStore(Store):
         return Rollout.model_validate_json(row[0]) if row else None
 
     async def list_rollouts(self, states: Collection[RolloutState] | None, limit: int) -> list[Rollout]:
+        args: list[int | str]
         if states is None:
             sql, args = "SELECT body FROM rollouts ORDER BY seq LIMIT ?", [limit]
         else:
@@ -511,7 +512,8 @@ class SqliteStore(Store):
         offset: int,
         limit: int,
     ) -> tuple[int, list[Rollout]]:
-        where, args = ["1"], []
+        where: list[str] = ["1"]
+        args: list[int | str] = []
         if states is not None:
             where.append(f"state IN ({','.join('?' * len(states))})")
             args += [s.value for s in states]
@@ -602,7 +604,7 @@ class SqliteStore(Store):
             record.prompt_key,
             record.call,
         )
-        seq = await self._write(row)
+        seq: int = await self._write(row)  # an event row: the writer answers its sequence number
         if pending is not None:
             self._calls.remember(pending, seq)
         return seq
