@@ -7,7 +7,7 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 LINT_DIRS := $(wildcard agentlightning tests bench examples docs)
 
-.PHONY: venv vllm test test-verl lint demo clean examples-venv swe-venv
+.PHONY: venv vllm test test-fast test-verl lint typecheck demo clean examples-venv swe-venv
 
 venv: $(STAMP)
 vllm: $(VLLM_STAMP)
@@ -64,15 +64,28 @@ lint: venv
 	$(BIN)/ruff check $(LINT_DIRS)
 	$(BIN)/ruff format --check $(LINT_DIRS)
 
+# pyproject's [tool.mypy]: the whole package, strict on schemas, client, trainer/ and server/.
+typecheck: venv
+	$(BIN)/mypy
+
+# Two workers (pytest-xdist): a test file stays on one worker, tests/vllm all on one (tests/conftest.py).
+# Most tests wait on the processes they start, so two workers keep both cores busy.
+PYTEST := $(BIN)/pytest -q -n $(or $(TEST_WORKERS),2) --dist loadgroup
+
 # The API suite once more with every Gateway on Postgres (tests/postgres.py starts its own server).
 POSTGRES_PASS := tests/server/test_api.py tests/server/test_batch_routes.py tests/server/test_proxy.py \
 	tests/server/test_auth.py tests/server/test_proxy_store.py tests/compat/test_differential.py
 
 # The main suite, then the verl backend's tests in verl's venv (tests/verl is skipped by the first).
-test: lint $(V1)/.installed .venv-examples/.installed $(VERL_VENV)/.installed $(VLLM_STAMP) .venv-swe/.installed
-	$(BIN)/pytest -q
-	AGL_TEST_STORE=postgres $(BIN)/pytest -q $(POSTGRES_PASS)
+test: lint typecheck $(V1)/.installed .venv-examples/.installed $(VERL_VENV)/.installed $(VLLM_STAMP) .venv-swe/.installed
+	$(PYTEST)
+	AGL_TEST_STORE=postgres $(PYTEST) $(POSTGRES_PASS)
 	$(VERL_VENV)/bin/python -m pytest -q tests/verl
+
+# The unit tests only: no heavy venv, no end-to-end run (`-m "not slow"`), no browser; minutes.
+FAST_IGNORE := tests/vllm tests/verl tests/e2e tests/examples tests/dashboard tests/compat
+test-fast: lint
+	$(PYTEST) -m "not slow" $(addprefix --ignore=,$(FAST_IGNORE))
 
 # The full loop on CPU: Gateway, Controller and trainer as three processes (docs/demo.md).
 demo: venv

@@ -14,6 +14,17 @@ from tests import postgres
 from tests.postgres import store_is_postgres
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `pytest -n N --dist loadgroup`: a file's tests stay on one worker (its module
+    fixtures start once), and so do all of tests/vllm (one real vLLM server for the session)."""
+    root = Path(__file__).parent
+    for item in items:
+        parts = item.path.relative_to(root).parts
+        group = "vllm" if parts[0] == "vllm" else "/".join(parts)
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @dataclass
 class RunningGateway:
     url: str
