@@ -109,3 +109,8 @@ class MiniSweAgent:
             post_reward(result.reward, {"instance_id": task.instance_id, "resolved": result.resolved})
         finally:
             shutil.rmtree(work, ignore_errors=True)
+
+
+# A Kubernetes Job's command (job-template.yaml): python -m examples.swe.mini_agent
+if __name__ == "__main__":
+    MiniSweAgent().run()
