@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeKubern
         cluster.process.stop()
 
 
+def _job_name(client: GatewayClient, rollout_id: str) -> str | None:
+    return client.get_rollout(rollout_id).rollout.status.k8s_job_name
+
+
 def _selected(labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in POLICY["spec"]["podSelector"]["matchLabels"].items())
 
@@ -67,15 +72,10 @@ def test_three_tasks_render_to_jobs_the_network_policy_confines(
                 for t in TASKS
             ]
         )
-        names = [
-            wait_until(
-                lambda r=r: client.get_rollout(r.rollout_id).rollout.status.k8s_job_name, 60, "a Job name"
-            )
-            for r in rollouts
-        ]
+        names = [wait_until(partial(_job_name, client, r.rollout_id), 60, "a Job name") for r in rollouts]
     assert len(set(names)) == 3
     for task, name in zip(TASKS, names, strict=True):
-        job = wait_until(lambda n=name: cluster.job(n, "agents"), 30, f"Job {name}")
+        job = wait_until(partial(cluster.job, name, "agents"), 30, f"Job {name}")
         assert job["spec"]["backoffLimit"] == 0 and job["spec"]["activeDeadlineSeconds"] == 900
         pod = job["spec"]["template"]
         assert _selected(pod["metadata"]["labels"])  # the NetworkPolicy applies to this pod
