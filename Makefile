@@ -7,7 +7,7 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 LINT_DIRS := $(wildcard agentlightning tests bench examples docs)
 
-.PHONY: venv vllm test test-fast test-verl lint typecheck demo clean examples-venv swe-venv
+.PHONY: venv vllm test test-fast test-verl lint typecheck demo clean examples-venv swe-venv codex opencode
 
 venv: $(STAMP)
 vllm: $(VLLM_STAMP)
@@ -77,7 +77,8 @@ POSTGRES_PASS := tests/server/test_api.py tests/server/test_batch_routes.py test
 	tests/server/test_auth.py tests/server/test_proxy_store.py tests/compat/test_differential.py
 
 # The main suite, then the verl backend's tests in verl's venv (tests/verl is skipped by the first).
-test: lint typecheck $(V1)/.installed .venv-examples/.installed $(VERL_VENV)/.installed $(VLLM_STAMP) .venv-swe/.installed
+test: lint typecheck $(V1)/.installed .venv-examples/.installed $(VERL_VENV)/.installed $(VLLM_STAMP) \
+		.venv-swe/.installed .npm-codex/.installed .npm-opencode/.installed
 	$(PYTEST)
 	AGL_TEST_STORE=postgres $(PYTEST) $(POSTGRES_PASS)
 	$(VERL_VENV)/bin/python -m pytest -q tests/verl
@@ -116,5 +117,23 @@ examples-venv: .venv-examples/.installed
 
 swe-venv: .venv-swe/.installed
 
+# Codex CLI (Apache-2.0), unchanged from npm and pinned, in a prefix of its own (~420 MB with its
+# native binary); examples/swe/codex_agent.py runs it in bubblewrap, pointed at the Gateway.
+.npm-codex/.installed:
+	rm -rf .npm-codex
+	npm install --prefix .npm-codex --no-audit --no-fund --quiet --save-exact @openai/codex@0.171.0
+	touch $@
+
+codex: .npm-codex/.installed
+
+# opencode (MIT), the Anthropic Messages harness, unchanged from npm and pinned (~350 MB with its
+# native binary); examples/swe/opencode_agent.py runs it in bubblewrap, pointed at the Gateway.
+.npm-opencode/.installed:
+	rm -rf .npm-opencode
+	npm install --prefix .npm-opencode --no-audit --no-fund --quiet --save-exact opencode-ai@1.18.33
+	touch $@
+
+opencode: .npm-opencode/.installed
+
 clean:
-	rm -rf $(VENV) $(V1) .venv-examples .venv-swe $(VERL_VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(V1) .venv-examples .venv-swe .npm-codex .npm-opencode $(VERL_VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from examples.swe.bank import find
 from examples.swe.grader import grade
@@ -29,7 +30,7 @@ from examples.swe.tasks import checkout
 from examples.swe.workspace import agent_sandbox
 
 
-def post_reward(value: float, extra: dict | None = None) -> None:
+def post_reward(value: float, extra: dict[str, Any] | None = None) -> None:
     body = json.dumps({"event_type": "reward", "data": {"value": value, **(extra or {})}}).encode()
     request = urllib.request.Request(
         os.environ["AGL_EVENT_URL"],
@@ -43,7 +44,7 @@ def post_reward(value: float, extra: dict | None = None) -> None:
         response.read()
 
 
-def mini_config(ws: Path, base_url: str, api_key: str, step_limit: int) -> dict:
+def mini_config(ws: Path, base_url: str, api_key: str, step_limit: int) -> dict[str, Any]:
     """The config merged over mini.yaml: the Gateway as an OpenAI-compatible provider, our sandbox."""
     argv = agent_sandbox(ws).argv(["true"])
     # mini's environment adds `--bind CWD CWD --chdir CWD` itself: drop ours (bwrap warns about
@@ -109,3 +110,8 @@ class MiniSweAgent:
             post_reward(result.reward, {"instance_id": task.instance_id, "resolved": result.resolved})
         finally:
             shutil.rmtree(work, ignore_errors=True)
+
+
+# A Kubernetes Job's command (job-template.yaml): python -m examples.swe.mini_agent
+if __name__ == "__main__":
+    MiniSweAgent().run()

@@ -396,7 +396,11 @@ class ScriptedChatModel:
 
     def _derender(self, body: dict[str, Any]) -> dict[str, Any]:
         ids = body["generate_response"]["choices"][0]["token_ids"]
-        content, calls = hermes_parse(self._generated.pop(tuple(ids)))
+        eos = build_tokenizer().convert_tokens_to_ids("<|im_end|>")
+        # The Gateway derenders without the stop token that ended the generation (vLLM's derender
+        # would keep it in the content); the scripted text is keyed by the generated ids with it.
+        text = self._generated.pop(tuple(ids), None) or self._generated.pop((*ids, eos))
+        content, calls = hermes_parse(text)
         message = {"role": "assistant", "content": content, "tool_calls": calls, "reasoning_content": None}
         prompt_tokens = int(body.get("prompt_tokens") or 0)
         return {

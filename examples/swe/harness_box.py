@@ -1,0 +1,109 @@
+"""Run a coding CLI (Codex, opencode) unchanged, the whole process inside the agent's bubblewrap sandbox.
+
+These harnesses run the model's commands as their own children, with no hook to wrap each one, so
+the harness goes into the sandbox with them: the workspace at /workspace (its working directory),
+the harness's npm prefix read-only, its home read-write, and no network but a relay to the Gateway
+(`relay.py`): it reaches the Gateway's per-attempt URL with the scoped key, and no other address.
+Their own sandboxes (if any) are switched off in their config: a sandbox inside ours has nothing
+left to take away. It also keeps the harness itself from the repository (whose task generator would
+give the hidden tests away). Then the workspace is graded here, outside, and the reward posted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from agentlightning.sandbox import kill
+from examples.swe.bank import find
+from examples.swe.grader import grade
+from examples.swe.mini_agent import post_reward
+from examples.swe.relay import INNER, GatewayRelay
+from examples.swe.tasks import checkout
+from examples.swe.workspace import agent_sandbox
+
+REPO = Path(__file__).resolve().parents[2]
+INNER_PORT = 8080  # on the sandbox's own loopback: always free there
+
+
+def inner_url(gateway_url: str) -> str:
+    """The Gateway URL as the harness inside the sandbox reaches it (through the relay)."""
+    return f"http://127.0.0.1:{INNER_PORT}{urlsplit(gateway_url).path}"
+
+
+def boxed_argv(
+    ws: Path,
+    socket_path: Path,
+    command: Sequence[str],
+    env: Mapping[str, str],
+    read_write: Sequence[Path] = (),
+    read_only: Sequence[Path] = (),
+) -> list[str]:
+    """The bwrap command line: the inner relay on the sandbox's loopback, then `command`."""
+    box = agent_sandbox(ws)
+    box = replace(box, env={**box.env, **env})
+    argv = box.argv(["python", "-c", INNER, str(socket_path), str(INNER_PORT), "--", *command])
+    extra: list[str] = []
+    for flag, paths in (("--bind", [*read_write, socket_path.parent]), ("--ro-bind", read_only)):
+        for path in paths:
+            real = Path(path).resolve()
+            extra += [flag, str(real), str(real)]
+            if Path(path).absolute() != real:  # reached through a link: its own path must work too
+                extra += [flag, str(real), str(Path(path).absolute())]
+    at = argv.index("--")
+    return [*argv[:at], *extra, *argv[at:]]
+
+
+def run_rollout(
+    name: str,
+    gateway_url: str,
+    prepare: Callable[[Path], tuple[list[str], dict[str, str], list[Path], list[Path]]],
+) -> None:
+    """One rollout: check the task out, run the harness in the box, grade, post the reward.
+
+    `prepare(home)` writes the harness's config under `home` (pointing it at `inner_url(gateway_url)`)
+    and returns (command, env, read-write paths, read-only paths); the problem statement is the
+    command's last argument."""
+    task = find(os.environ["TASK_ID"])
+    work = Path(tempfile.mkdtemp(prefix=f"agl-swe-{name}-"))
+    try:
+        ws = checkout(task, work / "ws")
+        home, run = work / "home", work / "run"
+        home.mkdir()
+        run.mkdir(mode=0o700)
+        command, env, read_write, read_only = prepare(home)
+        url = urlsplit(gateway_url)
+        timeout = float(os.environ.get("SWE_HARNESS_TIMEOUT", "900"))
+        with GatewayRelay(run / "gateway.sock", url.hostname or "127.0.0.1", url.port or 80) as relay:
+            argv = boxed_argv(ws, relay.path, [*command, task.problem_statement], env, [home, *read_write],
+                              read_only)  # fmt: skip
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                start_new_session=True,
+            )  # fmt: skip
+            try:
+                output, _ = proc.communicate(timeout=timeout)
+                sys.stdout.write(output[-8000:])
+                print(f"{name} exited with {proc.returncode}", flush=True)
+            except subprocess.TimeoutExpired:
+                kill(proc)
+                print(f"{name} ran past SWE_HARNESS_TIMEOUT; grading what it left", flush=True)
+        result = grade(task, ws, timeout=float(os.environ.get("SWE_GRADE_TIMEOUT", "120")))
+        print(
+            json.dumps({"instance_id": task.instance_id, "reward": result.reward, "ignored": result.ignored})
+        )
+        post_reward(result.reward, {"instance_id": task.instance_id, "resolved": result.resolved})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def scoped_key() -> str:
+    return os.environ.get("AGL_KEY") or os.environ["OPENAI_API_KEY"]
