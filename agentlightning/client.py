@@ -9,15 +9,12 @@ on other transport errors and 5xx answers.
 
 from __future__ import annotations
 
-import array
 import asyncio
-import base64
 import os
 import random
 import ssl
-import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import quote
@@ -38,6 +35,11 @@ from agentlightning.schemas import (
     RolloutState,
     TerminalPage,
 )
+
+# The batch route's `triplet_delta` events are read back with `expand_prompt_refs`, documented as
+# part of this client (docs/long_horizon.md); the format itself lives in the wire layer.
+from agentlightning.wire import PromptIds as PromptIds
+from agentlightning.wire import expand_prompt_refs as expand_prompt_refs
 
 T = TypeVar("T")
 LONG_POLL_HEADER = "x-agl-long-poll"
@@ -86,110 +88,6 @@ class GatewayUnavailable(Exception):
 BatchFormat = Literal["raw", "triplet", "triplet_delta"]
 
 
-class PromptIds(Sequence[int]):
-    """Prompt ids given by reference: the first `shared` ids of `base`, then `suffix`.
-
-    Kept lazily, so that a rollout's calls cost memory in proportion to their new ids; the
-    whole list is built when asked for (`whole()`, iteration, a slice reaching into the shared
-    part). Trajectory aggregation uses `base` to skip comparing the shared prefix."""
-
-    __slots__ = ("base", "shared", "suffix")
-
-    def __init__(self, base: Sequence[int], shared: int, suffix: list[int]) -> None:
-        self.base = base
-        self.shared = shared
-        self.suffix = suffix
-
-    def __len__(self) -> int:
-        return self.shared + len(self.suffix)
-
-    def whole(self) -> list[int]:
-        pieces = [self.suffix]
-        base, n = self.base, self.shared
-        while isinstance(base, PromptIds):  # the chain of references, without recursion
-            if n > base.shared:
-                pieces.append(base.suffix[: n - base.shared])
-                n = base.shared
-            base = base.base
-        out = list(base[:n])
-        for piece in reversed(pieces):
-            out += piece
-        return out
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            start, stop, step = index.indices(len(self))
-            if step == 1 and start >= self.shared:
-                return self.suffix[start - self.shared : max(stop - self.shared, 0)]
-            return self.whole()[index]
-        if isinstance(index, int) and index >= self.shared:
-            return self.suffix[index - self.shared]
-        return self.whole()[index]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.whole())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, PromptIds):
-            other = other.whole()
-        return self.whole() == other if isinstance(other, list) else NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"PromptIds({self.whole()!r})"
-
-
-def _u32(packed: str) -> list[int]:
-    a = array.array("I")
-    a.frombytes(base64.b64decode(packed))
-    if sys.byteorder != "little":  # pragma: no cover
-        a.byteswap()
-    return a.tolist()
-
-
-def _f64(packed: str) -> list[float]:
-    a = array.array("d")
-    a.frombytes(base64.b64decode(packed))
-    if sys.byteorder != "little":  # pragma: no cover
-        a.byteswap()
-    return a.tolist()
-
-
-def expand_prompt_refs(events: list[dict[str, Any]], lazy: bool = False) -> list[dict[str, Any]]:
-    """The `triplet` view from a `triplet_delta` answer's events (in place, and returned).
-
-    A call in the packed form — `prompt_ref: [i, n] | null`, `prompt_suffix`, and the id lists
-    and log-probs as base64 of uint32 / float64 little-endian — gets `prompt_token_ids` = the
-    first n prompt ids of event i, then the suffix; its lists decoded. With `lazy`, a prompt
-    given by reference stays a `PromptIds` (memory in proportion to the new ids; trajectory
-    aggregation reads it), else it is a plain list."""
-    for j, event in enumerate(events):
-        data = event.get("data")
-        if not (isinstance(data, dict) and "prompt_suffix" in data):
-            continue
-        ref = data.pop("prompt_ref")
-        suffix = _u32(data.pop("prompt_suffix"))
-        prompt: Sequence[int]
-        if ref is None:
-            prompt = suffix
-        else:
-            i, n = ref
-            if not 0 <= i < j:
-                raise ValueError(f"prompt_ref {i} of event {j} is not an earlier event of the answer")
-            prompt = PromptIds(events[i]["data"]["prompt_token_ids"], n, suffix)
-            if not lazy:
-                prompt = prompt.whole()
-        log_probs = data.pop("response_log_probs")
-        event["data"] = {  # the triplet view's key order
-            "prompt_token_ids": prompt,
-            "response_token_ids": _u32(data.pop("response_token_ids")),
-            "response_log_probs": _f64(log_probs) if log_probs is not None else None,
-            **data,
-        }
-    return events
-
-
 def _error_class(status: int) -> type[GatewayError]:
     if status in (400, 413, 422):
         return BadRequest
@@ -233,7 +131,7 @@ class RetryPolicy:
     retry_statuses: frozenset[int] = frozenset({500, 502, 503, 504})
 
     def delay(self, attempt: int) -> float:
-        base = min(self.backoff_seconds * 2**attempt, self.max_backoff_seconds)
+        base = min(self.backoff_seconds * 2.0**attempt, self.max_backoff_seconds)
         return base * random.uniform(1 - self.jitter, 1 + self.jitter)
 
 
