@@ -4,6 +4,7 @@ what the Gateway writes is what the client reads."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 import httpx
@@ -98,7 +99,7 @@ def packed_answers(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[dict[str
     return answer, expected
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     case=packed_answers(), slices=st.lists(st.tuples(st.integers(-12, 40), st.integers(-12, 40)), max_size=4)
 )
@@ -164,36 +165,38 @@ def conversations(draw: st.DrawFn) -> tuple[list[tuple[str, dict[str, Any]]], bo
     return events, refers and not retried
 
 
-@settings(
-    max_examples=15,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
-@given(case=conversations())
-def test_what_the_gateway_writes_the_client_reads(
-    case: tuple[list[tuple[str, dict[str, Any]]], bool], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_what_the_gateway_writes_the_client_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     """Through the Gateway's app and the client: the `triplet_delta` batch answer, decoded, is the
-    `triplet` batch answer."""
+    `triplet` batch answer. One Gateway for all examples, a rollout each."""
     monkeypatch.setattr(delta_mod, "MIN_PROMPT_IDS", 0)  # split every call, however short
     monkeypatch.setattr(delta_mod, "BLOCK", 2)  # share partial prefixes too
-    events, refers = case
     app = create_app({"store": {"url": "memory://"}})
+    lifespan = app.router.lifespan_context(app)
+    client = AsyncGatewayClient("http://gateway", transport=httpx.ASGITransport(app=app))
+    rollout_ids = (f"r{i}" for i in itertools.count())
 
-    async def run() -> None:
-        transport = httpx.ASGITransport(app=app)
-        async with (
-            app.router.lifespan_context(app),
-            AsyncGatewayClient("http://gateway", transport=transport) as client,
-        ):
-            await client.create_rollouts([{"rollout_id": "r", "input": {}}])
-            await client.patch_rollout("r", state="running", last_attempt_id="a")
-            for event_type, data in events:
-                await client.post_event("r", "a", event_type, data)
-            (packed,) = await client.get_events_batch(["r"], format="triplet_delta")
-            (whole,) = await client.get_events_batch(["r"], format="triplet")
-            if refers:  # the Gateway did pack calls as references
-                assert any(e["data"].get("prompt_ref") for e in packed["events"])
-            assert expand_prompt_refs(packed["events"]) == whole["events"]
+    async def check(events: list[tuple[str, dict[str, Any]]], refers: bool) -> None:
+        rid = next(rollout_ids)
+        await client.create_rollouts([{"rollout_id": rid, "input": {}}])
+        await client.patch_rollout(rid, state="running", last_attempt_id="a")
+        for event_type, data in events:
+            await client.post_event(rid, "a", event_type, data)
+        (packed,) = await client.get_events_batch([rid], format="triplet_delta")
+        (whole,) = await client.get_events_batch([rid], format="triplet")
+        if refers:  # the Gateway did pack calls as references
+            assert any(e["data"].get("prompt_ref") for e in packed["events"])
+        assert expand_prompt_refs(packed["events"]) == whole["events"]
 
-    asyncio.run(run())
+    with asyncio.Runner() as runner:  # one event loop: the Gateway stays open between examples
+        runner.run(lifespan.__aenter__())
+        try:
+
+            @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+            @given(case=conversations())
+            def every_conversation(case: tuple[list[tuple[str, dict[str, Any]]], bool]) -> None:
+                runner.run(check(*case))
+
+            every_conversation()
+        finally:
+            runner.run(client.aclose())
+            runner.run(lifespan.__aexit__(None, None, None))
