@@ -28,6 +28,12 @@ _LITTLE = sys.byteorder == "little"
 # --- uint32 ids and float64 log-probs as little-endian bytes ---------------------------------------
 
 
+def _little_endian(a: array.array[Any]) -> array.array[Any]:
+    if not _LITTLE:  # pragma: no cover
+        a.byteswap()
+    return a
+
+
 def ids_to_bytes(ids: Sequence[int]) -> bytes | None:
     """uint32 little-endian; None when an id does not fit (then the call is stored plainly)."""
     try:
@@ -36,32 +42,23 @@ def ids_to_bytes(ids: Sequence[int]) -> bytes | None:
         return None
     if a.itemsize != 4:  # pragma: no cover - every platform we run on has a 4-byte unsigned int
         return None
-    if not _LITTLE:  # pragma: no cover
-        a.byteswap()
-    return a.tobytes()
+    return _little_endian(a).tobytes()
 
 
 def bytes_to_ids(raw: bytes | memoryview) -> list[int]:
     a = array.array("I")
     a.frombytes(raw)
-    if not _LITTLE:  # pragma: no cover
-        a.byteswap()
-    return a.tolist()
+    return _little_endian(a).tolist()
 
 
 def floats_to_bytes(values: Sequence[float]) -> bytes:
-    a = array.array("d", values)
-    if not _LITTLE:  # pragma: no cover
-        a.byteswap()
-    return a.tobytes()
+    return _little_endian(array.array("d", values)).tobytes()
 
 
 def bytes_to_floats(raw: bytes | memoryview) -> list[float]:
     a = array.array("d")
     a.frombytes(raw)
-    if not _LITTLE:  # pragma: no cover
-        a.byteswap()
-    return a.tolist()
+    return _little_endian(a).tolist()
 
 
 # --- triplet_delta: encode (the Gateway) --------------------------------------------------------
