@@ -1,25 +1,24 @@
 """Typed client of the API Gateway, sync (`GatewayClient`) and async (`AsyncGatewayClient`).
 
-Every component talks to the Gateway through this module. Each operation is described once as
-a `_Call` (method, path, body, whether it is safe to repeat, how to read the answer); the two
-clients only differ in how they send it. Calls are retried with exponential backoff on
+Every component talks to the Gateway through this module. Each operation is described once, in
+`_Operations`: a function from the method's arguments to a `_Call` (method, path, body, whether
+it is safe to repeat, how to read the answer). Both clients inherit that table and only differ
+in how they send a call (`_run`): blocking, or awaitable. Calls are retried with exponential backoff on
 connection failures (always: nothing reached the server) and, when repeating them is harmless,
 on other transport errors and 5xx answers.
 """
 
 from __future__ import annotations
 
-import array
 import asyncio
-import base64
+import functools
 import os
 import random
 import ssl
-import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 from urllib.parse import quote
 
 import httpx
@@ -39,7 +38,13 @@ from agentlightning.schemas import (
     TerminalPage,
 )
 
+# The batch route's `triplet_delta` events are read back with `expand_prompt_refs`, documented as
+# part of this client (docs/long_horizon.md); the format itself lives in the wire layer.
+from agentlightning.wire import PromptIds as PromptIds
+from agentlightning.wire import expand_prompt_refs as expand_prompt_refs
+
 T = TypeVar("T")
+P = ParamSpec("P")
 LONG_POLL_HEADER = "x-agl-long-poll"
 
 _ROLLOUTS = TypeAdapter(list[Rollout])
@@ -84,110 +89,6 @@ class GatewayUnavailable(Exception):
 
 
 BatchFormat = Literal["raw", "triplet", "triplet_delta"]
-
-
-class PromptIds(Sequence[int]):
-    """Prompt ids given by reference: the first `shared` ids of `base`, then `suffix`.
-
-    Kept lazily, so that a rollout's calls cost memory in proportion to their new ids; the
-    whole list is built when asked for (`whole()`, iteration, a slice reaching into the shared
-    part). Trajectory aggregation uses `base` to skip comparing the shared prefix."""
-
-    __slots__ = ("base", "shared", "suffix")
-
-    def __init__(self, base: Sequence[int], shared: int, suffix: list[int]) -> None:
-        self.base = base
-        self.shared = shared
-        self.suffix = suffix
-
-    def __len__(self) -> int:
-        return self.shared + len(self.suffix)
-
-    def whole(self) -> list[int]:
-        pieces = [self.suffix]
-        base, n = self.base, self.shared
-        while isinstance(base, PromptIds):  # the chain of references, without recursion
-            if n > base.shared:
-                pieces.append(base.suffix[: n - base.shared])
-                n = base.shared
-            base = base.base
-        out = list(base[:n])
-        for piece in reversed(pieces):
-            out += piece
-        return out
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            start, stop, step = index.indices(len(self))
-            if step == 1 and start >= self.shared:
-                return self.suffix[start - self.shared : max(stop - self.shared, 0)]
-            return self.whole()[index]
-        if isinstance(index, int) and index >= self.shared:
-            return self.suffix[index - self.shared]
-        return self.whole()[index]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.whole())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, PromptIds):
-            other = other.whole()
-        return self.whole() == other if isinstance(other, list) else NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"PromptIds({self.whole()!r})"
-
-
-def _u32(packed: str) -> list[int]:
-    a = array.array("I")
-    a.frombytes(base64.b64decode(packed))
-    if sys.byteorder != "little":  # pragma: no cover
-        a.byteswap()
-    return a.tolist()
-
-
-def _f64(packed: str) -> list[float]:
-    a = array.array("d")
-    a.frombytes(base64.b64decode(packed))
-    if sys.byteorder != "little":  # pragma: no cover
-        a.byteswap()
-    return a.tolist()
-
-
-def expand_prompt_refs(events: list[dict[str, Any]], lazy: bool = False) -> list[dict[str, Any]]:
-    """The `triplet` view from a `triplet_delta` answer's events (in place, and returned).
-
-    A call in the packed form — `prompt_ref: [i, n] | null`, `prompt_suffix`, and the id lists
-    and log-probs as base64 of uint32 / float64 little-endian — gets `prompt_token_ids` = the
-    first n prompt ids of event i, then the suffix; its lists decoded. With `lazy`, a prompt
-    given by reference stays a `PromptIds` (memory in proportion to the new ids; trajectory
-    aggregation reads it), else it is a plain list."""
-    for j, event in enumerate(events):
-        data = event.get("data")
-        if not (isinstance(data, dict) and "prompt_suffix" in data):
-            continue
-        ref = data.pop("prompt_ref")
-        suffix = _u32(data.pop("prompt_suffix"))
-        prompt: Sequence[int]
-        if ref is None:
-            prompt = suffix
-        else:
-            i, n = ref
-            if not 0 <= i < j:
-                raise ValueError(f"prompt_ref {i} of event {j} is not an earlier event of the answer")
-            prompt = PromptIds(events[i]["data"]["prompt_token_ids"], n, suffix)
-            if not lazy:
-                prompt = prompt.whole()
-        log_probs = data.pop("response_log_probs")
-        event["data"] = {  # the triplet view's key order
-            "prompt_token_ids": prompt,
-            "response_token_ids": _u32(data.pop("response_token_ids")),
-            "response_log_probs": _f64(log_probs) if log_probs is not None else None,
-            **data,
-        }
-    return events
 
 
 def _error_class(status: int) -> type[GatewayError]:
@@ -283,149 +184,237 @@ def _seg(value: str) -> str:
     return quote(value, safe="")
 
 
+class _Operation(Generic[P, T]):
+    """One Gateway operation: `build` turns the method's arguments into the request (`_Call`).
+
+    Read on a `GatewayClient` it is a blocking method returning `T`; on an `AsyncGatewayClient`
+    the same method returning an awaitable of `T`: each client's `_run` sends the call, so the
+    two clients cannot disagree on what an operation sends or how its answer is read."""
+
+    def __init__(self, build: Callable[P, _Call[T]]) -> None:
+        self.build = build
+
+    @overload
+    def __get__(self, client: None, owner: type[Any]) -> _Operation[P, T]: ...
+
+    @overload
+    def __get__(self, client: GatewayClient, owner: type[Any]) -> Callable[P, T]: ...
+
+    @overload
+    def __get__(
+        self, client: AsyncGatewayClient, owner: type[Any]
+    ) -> Callable[P, Coroutine[Any, Any, T]]: ...
+
+    def __get__(self, client: GatewayClient | AsyncGatewayClient | None, owner: type[Any]) -> Any:
+        if client is None:
+            return self
+        build = self.build
+
+        def method(*args: P.args, **kwargs: P.kwargs) -> Any:
+            return client._run(build(*args, **kwargs))
+
+        return functools.update_wrapper(method, build)  # its name, docstring and signature
+
+
+def _polled(parse: Callable[[httpx.Response], T]) -> Callable[[httpx.Response], Polled[T]]:
+    return lambda r: Polled(parse(r), LONG_POLL_HEADER in r.headers)
+
+
+def _rollouts_call(
+    states: Sequence[RolloutState | str] | None,
+    limit: int,
+    wait_seconds: float,
+    parse: Callable[[httpx.Response], T],
+) -> _Call[T]:
+    params: list[tuple[str, Any]] = [("state_in", RolloutState(s).value) for s in states or ()]
+    params.append(("limit", limit))
+    if wait_seconds > 0:
+        params.append(("wait_seconds", wait_seconds))
+    return _Call("GET", "/api/rollouts", parse, True, params=params, extra_timeout=wait_seconds)
+
+
+def _terminal_call(
+    after: int, limit: int, wait_seconds: float, parse: Callable[[httpx.Response], T]
+) -> _Call[T]:
+    params: list[tuple[str, Any]] = [("after", after), ("limit", limit)]
+    if wait_seconds > 0:
+        params.append(("wait_seconds", wait_seconds))
+    return _Call("GET", "/api/rollouts/terminal", parse, True, params=params, extra_timeout=wait_seconds)
+
+
+def _events_call(
+    rollout_id: str,
+    event_type: str | None,
+    format: Literal["raw", "triplet"],
+    attempt_id: str | None,
+    parse: Callable[[httpx.Response], T],
+) -> _Call[T]:
+    params: list[tuple[str, Any]] = [("format", format)]
+    if event_type:
+        params.append(("event_type", event_type))
+    if attempt_id:
+        params.append(("attempt_id", attempt_id))
+    return _Call("GET", f"/api/rollouts/{_seg(rollout_id)}/events", parse, True, params=params)
+
+
+def _rollouts(r: httpx.Response) -> list[Rollout]:
+    return _ROLLOUTS.validate_json(r.content)
+
+
+def _terminal_page(r: httpx.Response) -> TerminalPage:
+    return TerminalPage.model_validate_json(r.content)
+
+
+def _json(r: httpx.Response) -> Any:
+    return orjson.loads(r.content)
+
+
+def _nothing(r: httpx.Response) -> None:
+    return None
+
+
 class _Operations:
-    """Every Gateway operation, described once."""
+    """Every Gateway operation, described once: the client's methods (see `_Operation`)."""
 
     # rollouts
-    @staticmethod
+    @_Operation
     def create_rollouts(specs: Iterable[RolloutCreate | Mapping[str, Any]]) -> _Call[list[Rollout]]:
         body = [s if isinstance(s, RolloutCreate) else RolloutCreate.model_validate(s) for s in specs]
         # Safe to repeat only when every id is pre-assigned (creating an existing id is a no-op).
         idempotent = all(s.rollout_id for s in body)
-        return _Call(
-            "POST", "/api/rollouts", lambda r: _ROLLOUTS.validate_json(r.content), idempotent, body=body
-        )
+        return _Call("POST", "/api/rollouts", _rollouts, idempotent, body=body)
 
-    @staticmethod
+    @_Operation
     def list_rollouts(
-        states: Sequence[RolloutState | str] | None, limit: int, wait_seconds: float = 0
+        states: Sequence[RolloutState | str] | None = None, limit: int = 500
+    ) -> _Call[list[Rollout]]:
+        return _rollouts_call(states, limit, 0, _rollouts)
+
+    @_Operation
+    def long_poll_rollouts(
+        states: Sequence[RolloutState | str] | None, wait_seconds: float, limit: int = 500
     ) -> _Call[Polled[list[Rollout]]]:
-        params: list[tuple[str, Any]] = [("state_in", RolloutState(s).value) for s in states or ()]
-        params.append(("limit", limit))
-        if wait_seconds > 0:
-            params.append(("wait_seconds", wait_seconds))
-        return _Call(
-            "GET",
-            "/api/rollouts",
-            lambda r: Polled(_ROLLOUTS.validate_json(r.content), LONG_POLL_HEADER in r.headers),
-            True,
-            params=params,
-            extra_timeout=wait_seconds,
-        )
+        return _rollouts_call(states, limit, wait_seconds, _polled(_rollouts))
 
-    @staticmethod
-    def terminal(after: int, limit: int, wait_seconds: float = 0) -> _Call[Polled[TerminalPage]]:
-        params: list[tuple[str, Any]] = [("after", after), ("limit", limit)]
-        if wait_seconds > 0:
-            params.append(("wait_seconds", wait_seconds))
-        return _Call(
-            "GET",
-            "/api/rollouts/terminal",
-            lambda r: Polled(TerminalPage.model_validate_json(r.content), LONG_POLL_HEADER in r.headers),
-            True,
-            params=params,
-            extra_timeout=wait_seconds,
-        )
+    @_Operation
+    def terminal(after: int = 0, limit: int = 1000) -> _Call[TerminalPage]:
+        return _terminal_call(after, limit, 0, _terminal_page)
 
-    @staticmethod
+    @_Operation
+    def long_poll_terminal(after: int, wait_seconds: float, limit: int = 1000) -> _Call[Polled[TerminalPage]]:
+        return _terminal_call(after, limit, wait_seconds, _polled(_terminal_page))
+
+    @_Operation
     def get_rollout(rollout_id: str) -> _Call[RolloutDetail]:
         return _Call("GET", f"/api/rollouts/{_seg(rollout_id)}", _model(RolloutDetail), True)
 
-    @staticmethod
-    def patch_rollout(rollout_id: str, status: Mapping[str, Any]) -> _Call[Rollout]:
+    @_Operation
+    def patch_rollout(rollout_id: str, **status: Any) -> _Call[Rollout]:
         body = {"status": {k: (v.value if isinstance(v, RolloutState) else v) for k, v in status.items()}}
         # Not repeatable: a second identical state change is an illegal transition.
         return _Call("PATCH", f"/api/rollouts/{_seg(rollout_id)}", _model(Rollout), False, body=body)
 
-    @staticmethod
+    @_Operation
     def delete_rollout(rollout_id: str) -> _Call[None]:
-        return _Call("DELETE", f"/api/rollouts/{_seg(rollout_id)}", lambda r: None, True)
+        return _Call("DELETE", f"/api/rollouts/{_seg(rollout_id)}", _nothing, True)
 
-    @staticmethod
+    @_Operation
+    def delete_rollouts(rollout_ids: Sequence[str]) -> _Call[int]:
+        """Delete many rollouts in one request (up to 1000; batch route, not in v1.0); how many existed."""
+        body = {"rollout_ids": list(rollout_ids)}
+        return _Call("POST", "/api/rollouts/batch/delete", lambda r: _json(r)["deleted"], True, body=body)
+
+    @_Operation
     def mint_agent_token(rollout_id: str, attempt_id: str) -> _Call[AgentToken]:
+        """The token of one attempt (controller or admin key; not in v1.0: NotFound there)."""
         body = {"rollout_id": rollout_id, "attempt_id": attempt_id}
         return _Call("POST", "/api/agent-tokens", _model(AgentToken), True, body=body)
 
-    @staticmethod
-    def delete_rollouts(rollout_ids: Sequence[str]) -> _Call[int]:
-        body = {"rollout_ids": list(rollout_ids)}
-        parse = lambda r: orjson.loads(r.content)["deleted"]  # noqa: E731
-        return _Call("POST", "/api/rollouts/batch/delete", parse, True, body=body)
-
     # events
-    @staticmethod
+    @_Operation
     def post_event(
         rollout_id: str, attempt_id: str, event_type: str, data: Mapping[str, Any]
     ) -> _Call[Event]:
         path = f"/api/rollouts/{_seg(rollout_id)}/attempt/{_seg(attempt_id)}/events"
         return _Call("POST", path, _model(Event), False, body={"event_type": event_type, "data": data})
 
-    @staticmethod
+    @_Operation
+    def post_reward(rollout_id: str, attempt_id: str, value: float, **extra: Any) -> _Call[Event]:
+        data = {"value": value, **extra}
+        return _Operations.post_event.build(rollout_id, attempt_id, EVENT_REWARD, data)
+
+    @_Operation
     def get_events(
         rollout_id: str,
-        event_type: str | None,
-        format: Literal["raw", "triplet"],
-        attempt_id: str | None,
-        raw: bool,
-    ) -> _Call[Any]:
-        params: list[tuple[str, Any]] = [("format", format)]
-        if event_type:
-            params.append(("event_type", event_type))
-        if attempt_id:
-            params.append(("attempt_id", attempt_id))
-        parse = (lambda r: orjson.loads(r.content)) if raw else (lambda r: _EVENTS.validate_json(r.content))
-        return _Call("GET", f"/api/rollouts/{_seg(rollout_id)}/events", parse, True, params=params)
+        event_type: str | None = None,
+        format: Literal["raw", "triplet"] = "raw",
+        attempt_id: str | None = None,
+    ) -> _Call[list[Event]]:
+        return _events_call(
+            rollout_id, event_type, format, attempt_id, lambda r: _EVENTS.validate_json(r.content)
+        )
 
-    @staticmethod
-    def get_events_batch(
-        rollout_ids: Sequence[str], format: BatchFormat, event_type: str | None
+    @_Operation
+    def get_events_json(
+        rollout_id: str, format: Literal["raw", "triplet"] = "triplet", attempt_id: str | None = None
     ) -> _Call[list[dict[str, Any]]]:
+        """Events as plain dicts: the fast path for bulk training-data reads."""
+        return _events_call(rollout_id, None, format, attempt_id, _json)
+
+    @_Operation
+    def get_events_batch(
+        rollout_ids: Sequence[str], format: BatchFormat = "triplet", event_type: str | None = None
+    ) -> _Call[list[dict[str, Any]]]:
+        """The last attempt's events of up to 1000 rollouts in one request, as plain dicts
+        `{rollout_id, found, state, error_message, events}` (batch route, not in v1.0).
+        `triplet_delta` events carry prompt references: see `expand_prompt_refs`."""
         body: dict[str, Any] = {"rollout_ids": list(rollout_ids), "format": format}
         if event_type:
             body["event_type"] = event_type
         # A read: safe to repeat.
-        return _Call("POST", "/api/rollouts/batch/events", lambda r: orjson.loads(r.content), True, body=body)
+        return _Call("POST", "/api/rollouts/batch/events", _json, True, body=body)
 
     # models
-    @staticmethod
+    @_Operation
     def register_models(models: Iterable[Model | Mapping[str, Any]]) -> _Call[list[Model]]:
         body = [m if isinstance(m, Model) else Model.model_validate(m) for m in models]
         return _Call("POST", "/api/models", lambda r: _MODELS.validate_json(r.content), True, body=body)
 
-    @staticmethod
+    @_Operation
     def list_models() -> _Call[list[Model]]:
         return _Call("GET", "/api/models", lambda r: _MODELS.validate_json(r.content), True)
 
-    @staticmethod
+    @_Operation
     def delete_models() -> _Call[None]:
-        return _Call("DELETE", "/api/models", lambda r: None, True)
+        return _Call("DELETE", "/api/models", _nothing, True)
 
     # proxy control
-    @staticmethod
-    def pause(retry_after_seconds: float, reason: str | None) -> _Call[ProxyState]:
+    @_Operation
+    def pause(retry_after_seconds: float = 5.0, reason: str | None = None) -> _Call[ProxyState]:
         body = {"retry_after_seconds": retry_after_seconds, "reason": reason}
         return _Call("POST", "/proxy/pause", _model(ProxyState), True, body=body)
 
-    @staticmethod
+    @_Operation
     def resume() -> _Call[ProxyState]:
         return _Call("POST", "/proxy/resume", _model(ProxyState), True)
 
-    @staticmethod
+    @_Operation
     def proxy_state() -> _Call[ProxyState]:
         return _Call("GET", "/proxy/state", _model(ProxyState), True)
 
-    @staticmethod
+    @_Operation
     def health() -> _Call[bool]:
         return _Call("GET", "/healthz", lambda r: True, True)
 
     # training runs' metrics (an addition over v1.0: the dashboard's training page)
-    @staticmethod
+    @_Operation
     def post_run_metrics(run_id: str, points: Iterable[Mapping[str, Any]]) -> _Call[None]:
+        """Post training-step metrics `[{step, metrics: {name: value}, time?}]` for the dashboard."""
         # Idempotent: a step posted again replaces the stored one.
-        return _Call("POST", f"/api/runs/{_seg(run_id)}/metrics", lambda r: None, True, body=list(points))
+        return _Call("POST", f"/api/runs/{_seg(run_id)}/metrics", _nothing, True, body=list(points))
 
 
-class _ClientBase:
+class _ClientBase(_Operations):
     def __init__(self, base_url: str, key: str, timeout: float, retry: RetryPolicy) -> None:
         self.base_url = base_url.rstrip("/")
         self.key = key
@@ -516,99 +505,6 @@ class GatewayClient(_ClientBase):
             time.sleep(self.retry.delay(attempt))
             attempt += 1
 
-    def create_rollouts(self, specs: Iterable[RolloutCreate | Mapping[str, Any]]) -> list[Rollout]:
-        return self._run(_Operations.create_rollouts(specs))
-
-    def list_rollouts(
-        self, states: Sequence[RolloutState | str] | None = None, limit: int = 500
-    ) -> list[Rollout]:
-        return self._run(_Operations.list_rollouts(states, limit)).value
-
-    def long_poll_rollouts(
-        self, states: Sequence[RolloutState | str] | None, wait_seconds: float, limit: int = 500
-    ) -> Polled[list[Rollout]]:
-        return self._run(_Operations.list_rollouts(states, limit, wait_seconds))
-
-    def terminal(self, after: int = 0, limit: int = 1000) -> TerminalPage:
-        return self._run(_Operations.terminal(after, limit)).value
-
-    def long_poll_terminal(self, after: int, wait_seconds: float, limit: int = 1000) -> Polled[TerminalPage]:
-        return self._run(_Operations.terminal(after, limit, wait_seconds))
-
-    def get_rollout(self, rollout_id: str) -> RolloutDetail:
-        return self._run(_Operations.get_rollout(rollout_id))
-
-    def patch_rollout(self, rollout_id: str, **status: Any) -> Rollout:
-        return self._run(_Operations.patch_rollout(rollout_id, status))
-
-    def delete_rollout(self, rollout_id: str) -> None:
-        self._run(_Operations.delete_rollout(rollout_id))
-
-    def delete_rollouts(self, rollout_ids: Sequence[str]) -> int:
-        """Delete many rollouts in one request (up to 1000; batch route, not in v1.0); how many existed."""
-        return self._run(_Operations.delete_rollouts(rollout_ids))
-
-    def mint_agent_token(self, rollout_id: str, attempt_id: str) -> AgentToken:
-        """The token of one attempt (controller or admin key; not in v1.0: NotFound there)."""
-        return self._run(_Operations.mint_agent_token(rollout_id, attempt_id))
-
-    def post_event(self, rollout_id: str, attempt_id: str, event_type: str, data: Mapping[str, Any]) -> Event:
-        return self._run(_Operations.post_event(rollout_id, attempt_id, event_type, data))
-
-    def post_reward(self, rollout_id: str, attempt_id: str, value: float, **extra: Any) -> Event:
-        return self.post_event(rollout_id, attempt_id, EVENT_REWARD, {"value": value, **extra})
-
-    def get_events(
-        self,
-        rollout_id: str,
-        event_type: str | None = None,
-        format: Literal["raw", "triplet"] = "raw",
-        attempt_id: str | None = None,
-    ) -> list[Event]:
-        return self._run(_Operations.get_events(rollout_id, event_type, format, attempt_id, raw=False))
-
-    def get_events_json(
-        self, rollout_id: str, format: Literal["raw", "triplet"] = "triplet", attempt_id: str | None = None
-    ) -> list[dict[str, Any]]:
-        """Events as plain dicts: the fast path for bulk training-data reads."""
-        return self._run(_Operations.get_events(rollout_id, None, format, attempt_id, raw=True))
-
-    def get_events_batch(
-        self,
-        rollout_ids: Sequence[str],
-        format: BatchFormat = "triplet",
-        event_type: str | None = None,
-    ) -> list[dict[str, Any]]:
-        """The last attempt's events of up to 1000 rollouts in one request, as plain dicts
-        `{rollout_id, found, state, error_message, events}` (batch route, not in v1.0).
-        `triplet_delta` events carry prompt references: see `expand_prompt_refs`."""
-        return self._run(_Operations.get_events_batch(rollout_ids, format, event_type))
-
-    def register_models(self, models: Iterable[Model | Mapping[str, Any]]) -> list[Model]:
-        return self._run(_Operations.register_models(models))
-
-    def list_models(self) -> list[Model]:
-        return self._run(_Operations.list_models())
-
-    def delete_models(self) -> None:
-        self._run(_Operations.delete_models())
-
-    def pause(self, retry_after_seconds: float = 5.0, reason: str | None = None) -> ProxyState:
-        return self._run(_Operations.pause(retry_after_seconds, reason))
-
-    def resume(self) -> ProxyState:
-        return self._run(_Operations.resume())
-
-    def proxy_state(self) -> ProxyState:
-        return self._run(_Operations.proxy_state())
-
-    def health(self) -> bool:
-        return self._run(_Operations.health())
-
-    def post_run_metrics(self, run_id: str, points: Iterable[Mapping[str, Any]]) -> None:
-        """Post training-step metrics `[{step, metrics: {name: value}, time?}]` for the dashboard."""
-        self._run(_Operations.post_run_metrics(run_id, points))
-
 
 class AsyncGatewayClient(_ClientBase):
     """The same operations as GatewayClient, awaitable."""
@@ -652,96 +548,3 @@ class AsyncGatewayClient(_ClientBase):
                     return self._result(call, response)
             await asyncio.sleep(self.retry.delay(attempt))
             attempt += 1
-
-    async def create_rollouts(self, specs: Iterable[RolloutCreate | Mapping[str, Any]]) -> list[Rollout]:
-        return await self._run(_Operations.create_rollouts(specs))
-
-    async def list_rollouts(
-        self, states: Sequence[RolloutState | str] | None = None, limit: int = 500
-    ) -> list[Rollout]:
-        return (await self._run(_Operations.list_rollouts(states, limit))).value
-
-    async def long_poll_rollouts(
-        self, states: Sequence[RolloutState | str] | None, wait_seconds: float, limit: int = 500
-    ) -> Polled[list[Rollout]]:
-        return await self._run(_Operations.list_rollouts(states, limit, wait_seconds))
-
-    async def terminal(self, after: int = 0, limit: int = 1000) -> TerminalPage:
-        return (await self._run(_Operations.terminal(after, limit))).value
-
-    async def long_poll_terminal(
-        self, after: int, wait_seconds: float, limit: int = 1000
-    ) -> Polled[TerminalPage]:
-        return await self._run(_Operations.terminal(after, limit, wait_seconds))
-
-    async def get_rollout(self, rollout_id: str) -> RolloutDetail:
-        return await self._run(_Operations.get_rollout(rollout_id))
-
-    async def patch_rollout(self, rollout_id: str, **status: Any) -> Rollout:
-        return await self._run(_Operations.patch_rollout(rollout_id, status))
-
-    async def delete_rollout(self, rollout_id: str) -> None:
-        await self._run(_Operations.delete_rollout(rollout_id))
-
-    async def delete_rollouts(self, rollout_ids: Sequence[str]) -> int:
-        """Delete many rollouts in one request (up to 1000; batch route, not in v1.0); how many existed."""
-        return await self._run(_Operations.delete_rollouts(rollout_ids))
-
-    async def mint_agent_token(self, rollout_id: str, attempt_id: str) -> AgentToken:
-        """The token of one attempt (controller or admin key; not in v1.0: NotFound there)."""
-        return await self._run(_Operations.mint_agent_token(rollout_id, attempt_id))
-
-    async def post_event(
-        self, rollout_id: str, attempt_id: str, event_type: str, data: Mapping[str, Any]
-    ) -> Event:
-        return await self._run(_Operations.post_event(rollout_id, attempt_id, event_type, data))
-
-    async def post_reward(self, rollout_id: str, attempt_id: str, value: float, **extra: Any) -> Event:
-        return await self.post_event(rollout_id, attempt_id, EVENT_REWARD, {"value": value, **extra})
-
-    async def get_events(
-        self,
-        rollout_id: str,
-        event_type: str | None = None,
-        format: Literal["raw", "triplet"] = "raw",
-        attempt_id: str | None = None,
-    ) -> list[Event]:
-        return await self._run(_Operations.get_events(rollout_id, event_type, format, attempt_id, raw=False))
-
-    async def get_events_json(
-        self, rollout_id: str, format: Literal["raw", "triplet"] = "triplet", attempt_id: str | None = None
-    ) -> list[dict[str, Any]]:
-        """Events as plain dicts: the fast path for bulk training-data reads."""
-        return await self._run(_Operations.get_events(rollout_id, None, format, attempt_id, raw=True))
-
-    async def get_events_batch(
-        self,
-        rollout_ids: Sequence[str],
-        format: BatchFormat = "triplet",
-        event_type: str | None = None,
-    ) -> list[dict[str, Any]]:
-        """The last attempt's events of up to 1000 rollouts in one request, as plain dicts
-        `{rollout_id, found, state, error_message, events}` (batch route, not in v1.0).
-        `triplet_delta` events carry prompt references: see `expand_prompt_refs`."""
-        return await self._run(_Operations.get_events_batch(rollout_ids, format, event_type))
-
-    async def register_models(self, models: Iterable[Model | Mapping[str, Any]]) -> list[Model]:
-        return await self._run(_Operations.register_models(models))
-
-    async def list_models(self) -> list[Model]:
-        return await self._run(_Operations.list_models())
-
-    async def delete_models(self) -> None:
-        await self._run(_Operations.delete_models())
-
-    async def pause(self, retry_after_seconds: float = 5.0, reason: str | None = None) -> ProxyState:
-        return await self._run(_Operations.pause(retry_after_seconds, reason))
-
-    async def resume(self) -> ProxyState:
-        return await self._run(_Operations.resume())
-
-    async def proxy_state(self) -> ProxyState:
-        return await self._run(_Operations.proxy_state())
-
-    async def health(self) -> bool:
-        return await self._run(_Operations.health())

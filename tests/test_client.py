@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -19,7 +21,7 @@ from agentlightning.client import (
     ServerError,
     Unauthorized,
 )
-from agentlightning.schemas import RolloutState
+from agentlightning.schemas import Event, Rollout, RolloutState
 from tests.conftest import RunningGateway
 
 FAST = RetryPolicy(attempts=4, backoff_seconds=0.001, max_backoff_seconds=0.002)
@@ -151,3 +153,69 @@ def test_async_client_against_a_real_gateway(gateway_factory: Callable[..., Runn
             assert [i.rollout_id for i in page.items] == ["r3"]
 
     asyncio.run(run())
+
+
+_ROLLOUT = Rollout(rollout_id="r1", input={"q": 1}).model_dump_json().encode()
+_EVENT = Event(
+    event_type="reward", rollout_id="r", attempt_id="a", timestamp=1.0, data={"value": 1}
+).model_dump_json()
+_PAGE = b'{"items": [{"rollout_id": "r", "state": "succeeded"}], "next_after": 3, "total_terminal": 1}'
+_PROXY = b'{"paused": true, "retry_after_seconds": 2.0, "reason": "update", "inflight": 0}'
+_MODELS = b'[{"model": "m", "endpoint": "http://e:1/v1", "version": 2}]'
+_DETAIL = b'{"rollout": ' + _ROLLOUT + b', "attempts": ["a"]}'
+# Every operation of the clients: the arguments to call it with and what the Gateway answers.
+OPERATIONS: dict[str, tuple[tuple[Any, ...], dict[str, Any], bytes]] = {
+    "create_rollouts": (([{"rollout_id": "r1", "input": {"q": 1}}],), {}, b"[" + _ROLLOUT + b"]"),
+    "list_rollouts": ((["running", RolloutState.QUEUING],), {"limit": 7}, b"[" + _ROLLOUT + b"]"),
+    "long_poll_rollouts": ((None, 2.5), {}, b"[]"),
+    "terminal": ((), {"after": 4}, _PAGE),
+    "long_poll_terminal": ((4, 1.5), {"limit": 9}, _PAGE),
+    "get_rollout": (("r/1",), {}, _DETAIL),
+    "patch_rollout": (("r 1",), {"state": RolloutState.RUNNING, "last_attempt_id": "a"}, _ROLLOUT),
+    "delete_rollout": (("r 1",), {}, b""),
+    "delete_rollouts": ((["a", "b"],), {}, b'{"deleted": 1}'),
+    "mint_agent_token": (("r", "a"), {}, b'{"token": "t", "rollout_id": "r", "attempt_id": "a"}'),
+    "post_event": (("r", "a", "log", {"x": [1, 2]}), {}, _EVENT.encode()),
+    "post_reward": (("r", "a", 0.5), {"source": "test"}, _EVENT.encode()),
+    "get_events": (("r",), {"event_type": "reward", "format": "triplet"}, b"[" + _EVENT.encode() + b"]"),
+    "get_events_json": (("r",), {"attempt_id": "a"}, b"[" + _EVENT.encode() + b"]"),
+    "get_events_batch": ((["r"],), {"format": "triplet_delta", "event_type": "model_request"}, b"[]"),
+    "register_models": (([{"model": "m", "endpoint": "http://e:1/v1", "version": 2}],), {}, _MODELS),
+    "list_models": ((), {}, _MODELS),
+    "delete_models": ((), {}, b'{"status": "ok"}'),
+    "pause": ((), {"retry_after_seconds": 2.0, "reason": "update"}, _PROXY),
+    "resume": ((), {}, _PROXY),
+    "proxy_state": ((), {}, _PROXY),
+    "health": ((), {}, b'{"status": "ok"}'),
+    "post_run_metrics": (("run 1", [{"step": 1, "metrics": {"loss": 0.5}}]), {}, b""),
+}
+
+
+def _public(cls: type) -> set[str]:
+    return {name for name in dir(cls) if not name.startswith("_")}
+
+
+def test_the_sync_and_async_clients_have_the_same_operations_doing_the_same() -> None:
+    """Both clients expose the same operations, with the same signatures, sending the same requests
+    and reading the answers the same way; a new operation must be added to OPERATIONS."""
+    assert _public(GatewayClient) - {"close"} == _public(AsyncGatewayClient) - {"aclose"} == set(OPERATIONS)
+    sent: list[tuple[str, str, bytes]] = []
+    reply = {"body": b""}
+
+    def gateway(request: httpx.Request) -> httpx.Response:
+        sent.append((request.method, str(request.url), request.read()))
+        return httpx.Response(200, content=reply["body"], headers={"x-agl-long-poll": "1"})
+
+    sync = GatewayClient("http://gw", key="k", transport=httpx.MockTransport(gateway))
+    aio = AsyncGatewayClient("http://gw", key="k", transport=httpx.MockTransport(gateway))
+    for name, (args, kwargs, reply["body"]) in OPERATIONS.items():
+        sync_method, async_method = getattr(sync, name), getattr(aio, name)
+        assert inspect.signature(sync_method) == inspect.signature(async_method), name
+        sent.clear()
+        got = sync_method(*args, **kwargs)
+        awaitable = async_method(*args, **kwargs)
+        assert inspect.isawaitable(awaitable), name
+        assert asyncio.run(awaitable) == got, name
+        assert len(sent) == 2 and sent[0] == sent[1], (name, sent)
+    sync.close()
+    asyncio.run(aio.aclose())

@@ -8,15 +8,14 @@ triplets is a concatenation of stored bytes.
 
 from __future__ import annotations
 
-import array
 import hashlib
-import sys
 from typing import Any
 
 import orjson
 from pydantic import ConfigDict, StrictFloat, TypeAdapter, ValidationError
 
 from agentlightning.schemas import EVENT_MODEL_REQUEST, EVENT_REWARD
+from agentlightning.wire import ids_to_bytes
 
 TRIPLET_EVENT_TYPES = frozenset({EVENT_MODEL_REQUEST, EVENT_REWARD})
 # Log-probs are checked in pydantic-core (ints are fine; bools, strings, NaN, inf are not):
@@ -43,13 +42,10 @@ def prompt_key(ids: list[int]) -> str:
     """The dedup key of a prompt: blake2b (16 bytes) of its ids as uint32 little-endian — the
     digest delta storage computes anyway (store/delta.py) — or, for ids beyond uint32, of
     `repr(ids)` (built from orjson's bytes)."""
-    try:
-        raw = array.array("I", ids)
-    except (OverflowError, TypeError):
+    raw = ids_to_bytes(ids)
+    if raw is None:
         return hashlib.blake2b(orjson.dumps(ids).replace(b",", b", "), digest_size=16).hexdigest()
-    if sys.byteorder != "little":  # pragma: no cover
-        raw.byteswap()
-    return hashlib.blake2b(raw.tobytes(), digest_size=16).hexdigest()
+    return hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 
 def _log_probs(choice: dict[str, Any], n_tokens: int) -> list[float] | None:

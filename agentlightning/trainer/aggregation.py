@@ -19,10 +19,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from agentlightning.client import PromptIds
 from agentlightning.schemas import EVENT_MODEL_REQUEST
 from agentlightning.trainer.config import AggregationLevel
 from agentlightning.trainer.rows import CONTEXT_VERSION, TrainingRow
+from agentlightning.wire import PromptIds
 
 
 @dataclass(slots=True)

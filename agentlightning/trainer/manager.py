@@ -34,7 +34,6 @@ from agentlightning.client import (
     GatewayClient,
     GatewayError,
     NotFound,
-    expand_prompt_refs,
 )
 from agentlightning.log import get_logger
 from agentlightning.schemas import (
@@ -51,6 +50,7 @@ from agentlightning.trainer.config import CoreConfig
 from agentlightning.trainer.gcpause import gc_paused
 from agentlightning.trainer.hooks import HookRunner
 from agentlightning.trainer.publish import EndpointPublisher
+from agentlightning.wire import expand_prompt_refs
 
 log = get_logger("trainer")
 

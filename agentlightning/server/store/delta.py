@@ -24,11 +24,8 @@ A call whose base is unknown (the index forgot it, the Gateway restarted) is sto
 
 from __future__ import annotations
 
-import array
-import base64
 import hashlib
 import struct
-import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -38,6 +35,13 @@ import orjson
 from agentlightning.schemas import EVENT_MODEL_REQUEST
 from agentlightning.server.store.base import EventRecord, StoredEvent
 from agentlightning.server.triplet import keep_last_per_prompt
+from agentlightning.wire import (
+    bytes_to_floats,
+    bytes_to_ids,
+    encode_triplet_delta,
+    floats_to_bytes,
+    ids_to_bytes,
+)
 
 BLOCK = 1024  # prompt ids per digest block: a shared prefix is found to this granularity
 # Calls with shorter prompts are stored whole: splitting costs more than it saves there (the
@@ -61,44 +65,7 @@ F_RESPONSE = 4  # the raw payload's first choice token ids were taken out
 F_LOGPROBS = 8  # the triplet has log-probs (float64)
 # format, flags, tok_base, tok_shared, msg_base, msg_shared, suffix ids, response ids, log-probs
 _HEADER = struct.Struct("<BBqIqIIII")
-_LITTLE = sys.byteorder == "little"
 _TRIPLET_KEYS = ("prompt_token_ids", "response_token_ids", "response_log_probs")
-
-
-def ids_to_bytes(ids: list[int]) -> bytes | None:
-    """uint32 little-endian; None when an id does not fit (then the call is stored plainly)."""
-    try:
-        a = array.array("I", ids)
-    except (OverflowError, TypeError):
-        return None
-    if a.itemsize != 4:  # pragma: no cover - every platform we run on has a 4-byte unsigned int
-        return None
-    if not _LITTLE:  # pragma: no cover
-        a.byteswap()
-    return a.tobytes()
-
-
-def bytes_to_ids(raw: bytes | memoryview) -> list[int]:
-    a = array.array("I")
-    a.frombytes(raw)
-    if not _LITTLE:  # pragma: no cover
-        a.byteswap()
-    return a.tolist()
-
-
-def _floats_to_bytes(values: list[float]) -> bytes:
-    a = array.array("d", values)
-    if not _LITTLE:  # pragma: no cover
-        a.byteswap()
-    return a.tobytes()
-
-
-def _bytes_to_floats(raw: bytes | memoryview) -> list[float]:
-    a = array.array("d")
-    a.frombytes(raw)
-    if not _LITTLE:  # pragma: no cover
-        a.byteswap()
-    return a.tolist()
 
 
 # --- write side: splitting a call ---------------------------------------------------------------
@@ -183,7 +150,7 @@ def _splice(
 
 def _render_triplet(prompt_part: bytes, response: bytes, log_probs: bytes | None, tail: bytes) -> bytes:
     """The triplet's JSON, as orjson writes it: the three lists first, then the tail's fields."""
-    lp = orjson.dumps(_bytes_to_floats(log_probs)) if log_probs is not None else b"null"
+    lp = orjson.dumps(bytes_to_floats(log_probs)) if log_probs is not None else b"null"
     return (
         b"{"
         + prompt_part
@@ -248,7 +215,7 @@ def split_call(data: dict[str, Any], triplet: dict[str, Any]) -> tuple[bytes, by
     lp = b""
     if log_probs is not None:
         flags |= F_LOGPROBS
-        lp = _floats_to_bytes(log_probs)
+        lp = floats_to_bytes(log_probs)
     tail = orjson.dumps({k: v for k, v in triplet.items() if k not in _TRIPLET_KEYS})
     draft = CallDraft(
         flags=flags,
@@ -502,11 +469,9 @@ def materialize(events: list[StoredEvent], view: View) -> list[StoredEvent]:
     payloads back.
 
     `data`: the raw payload; `triplet`: the triplet view; `triplet_delta` (the collection
-    format): the triplet view already de-duplicated (of calls with identical prompts only the
-    last), each call stored as a delta given as `prompt_ref: [i, n]` (the first n prompt ids of
-    the event at index i of the answer; null: none) and `prompt_suffix` (the ids after them),
-    its id lists base64 of uint32 and its log-probs base64 of float64, little-endian. Calls
-    stored whole keep the `triplet` form.
+    format, agentlightning/wire.py): the triplet view already de-duplicated (of calls with
+    identical prompts only the last), each call stored as a delta given as a prompt reference
+    into the answer and packed lists. Calls stored whole keep the `triplet` form.
     """
     stored = events
     if view == "triplet_delta":
@@ -543,35 +508,22 @@ def materialize(events: list[StoredEvent], view: View) -> list[StoredEvent]:
     return out
 
 
-def _b64(raw: bytes | memoryview) -> bytes:
-    return b'"' + base64.b64encode(raw) + b'"'
-
-
 def _render_packed(calls: _Calls, seq: int, d: _Decoded, position: dict[int, int], tail: bytes) -> bytes:
-    """A call in the `triplet_delta` format: `prompt_ref` against the nearest ancestor in the
-    answer (null: none), then the lists as base64 of their stored uint32 / float64 bytes."""
+    """A call in the `triplet_delta` format, its `prompt_ref` against the nearest ancestor in the
+    answer (null: none)."""
     shared, base = d.tok_shared, d.tok_base
     while base and base not in position:  # its base was left out (an earlier retry of a prompt)
         b = calls.decoded[base]
         shared = min(shared, b.tok_shared)
         base = b.tok_base
+    ref: tuple[int, int] | None
     if not base or not shared:
-        ref, suffix = b"null", (d.suffix if not d.tok_base else ids_to_bytes(calls.prompt(seq)))
+        ref, suffix = None, (d.suffix if not d.tok_base else ids_to_bytes(calls.prompt(seq)))
     else:
-        ref = orjson.dumps([position[base], shared])
+        ref = (position[base], shared)
         suffix = d.suffix if base == d.tok_base else ids_to_bytes(calls.prompt(seq)[shared:])
     assert suffix is not None  # ids that were stored as uint32 fit uint32
-    return (
-        b'{"prompt_ref":'
-        + ref
-        + b',"prompt_suffix":'
-        + _b64(suffix)
-        + b',"response_token_ids":'
-        + _b64(d.response)
-        + b',"response_log_probs":'
-        + (_b64(d.log_probs) if d.log_probs is not None else b"null")
-        + (b"," + tail[1:] if len(tail) > 2 else b"}")
-    )
+    return encode_triplet_delta(ref, suffix, d.response, d.log_probs, tail)
 
 
 def _replace(r: EventRecord, data: bytes, triplet: bytes | None) -> EventRecord:
