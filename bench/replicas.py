@@ -34,8 +34,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from agentlightning import launch  # noqa: E402
 from agentlightning.pgserver import LocalPostgres  # noqa: E402
-from agentlightning.procs import ManagedProcess, free_port  # noqa: E402
+from agentlightning.procs import free_port  # noqa: E402
 from agentlightning.schemas import Rollout, RolloutStatusPatch  # noqa: E402
 from agentlightning.server.events import make_record  # noqa: E402
 from agentlightning.server.store import store_from_url  # noqa: E402
@@ -67,12 +68,17 @@ def postgres_cpu(pg: LocalPostgres) -> float:
 
 def start_replica(label: str, store_url: str, tmp: Path) -> Gateway:
     port = free_port()
-    argv = [sys.executable, "-m", "agentlightning.server", f"store.url={store_url}", f"port={port}"]
-    argv += [f"key={KEY}", "log_level=warning"]
-    proc = ManagedProcess(f"gateway {label}", argv, tmp / f"gateway-{port}.log", cwd=ROOT).start()
-    url = f"http://127.0.0.1:{port}"
-    proc.wait_http_ok(f"{url}/healthz", timeout=180)  # a loaded machine starts Python slowly
-    return Gateway(label, url, proc)
+    proc = launch.start_gateway(
+        port=port,
+        key=KEY,
+        store_url=store_url,
+        log_level="warning",
+        log_path=tmp / f"gateway-{port}.log",
+        cwd=ROOT,
+        name=f"gateway {label}",
+        ready_timeout=180,  # a loaded machine starts Python slowly
+    )
+    return Gateway(label, proc.url, proc)
 
 
 def proxied(
