@@ -239,8 +239,9 @@ def throughput(args: argparse.Namespace, pg: LocalPostgres, model_url: str, tmp:
     rows = [
         proxied("sqlite x1", f"sqlite:///{tmp}/gw.db", 1, model_url, args, pg, tmp),
         proxied("postgres x1", pg.create_database("proxy1"), 1, model_url, args, pg, tmp),
-        proxied("postgres x2", pg.create_database("proxy2"), 2, model_url, args, pg, tmp),
     ]
+    if not args.smoke:  # the smoke run: one replica on each store
+        rows.append(proxied("postgres x2", pg.create_database("proxy2"), 2, model_url, args, pg, tmp))
     print("\n## proxied calls/s (every call recorded)")
     print(
         f"{'setup':<13}{'calls/s':>9}{'ratio':>7}{'p50 ms':>8}{'p99 ms':>8}{'gw cpu ms':>10}{'pg cpu ms':>10}  errors"
@@ -254,8 +255,9 @@ def throughput(args: argparse.Namespace, pg: LocalPostgres, model_url: str, tmp:
     ops = {
         "sqlite x1": store_ops_processes(f"sqlite:///{tmp}/ops.db", 1, args.store_n, 64),
         "postgres x1": store_ops_processes(pg.create_database("ops1"), 1, args.store_n, 64),
-        "postgres x2": store_ops_processes(pg.create_database("ops2"), 2, args.store_n, 64),
     }
+    if not args.smoke:
+        ops["postgres x2"] = store_ops_processes(pg.create_database("ops2"), 2, args.store_n, 64)
     print("\n## store operations/s (in-process Store API, 64 concurrent; x2: two processes, summed)")
     names = list(ops["sqlite x1"])
     print(f"{'setup':<13}" + "".join(f"{n:>10}" for n in names))
@@ -294,7 +296,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=0, help="also the failure run with this many rollouts")
     parser.add_argument("--no-throughput", action="store_true", help="only the failure run (--batch)")
     parser.add_argument("--store-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true", help="a few seconds, tiny sizes: that it runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.agents, args.duration, args.warmup, args.store_n = 4, 0.5, 0.3, 50
     if args.store_worker:
         store_ops_worker()
         return
