@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -18,7 +19,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A loopback port that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 class ProcessFailed(RuntimeError):
@@ -80,8 +81,9 @@ class ManagedProcess:
         except OSError:
             return ""
 
-    def wait_http_ok(self, url: str, timeout: float = 30.0) -> None:
-        """Wait until GET url answers 200; fail early, with the log's tail, if the process exits."""
+    def wait_http_ok(self, url: str, timeout: float = 30.0, verify: ssl.SSLContext | bool = True) -> None:
+        """Wait until GET url answers 200; fail early, with the log's tail, if the process exits.
+        `verify`: for an https URL, what to trust (e.g. a context with a private CA)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.alive():
@@ -89,7 +91,7 @@ class ManagedProcess:
                     f"{self.name} exited with {self.proc and self.proc.returncode}:\n{self.log_tail()}"
                 )
             try:
-                if httpx.get(url, timeout=1.0, trust_env=False).status_code == 200:
+                if httpx.get(url, timeout=1.0, trust_env=False, verify=verify).status_code == 200:
                     return
             except httpx.TransportError:
                 pass

@@ -304,7 +304,8 @@ def store_payload_bytes(db: Path) -> int:
 
 
 def long_worker(args: argparse.Namespace) -> int:
-    """One size against one tree's Gateway and manager (`agentlightning` from PYTHONPATH)."""
+    """One size against one tree's Gateway and manager (`agentlightning` from PYTHONPATH). Its
+    command line is built here: that tree may predate `agentlightning.launch`."""
     import agentlightning
     from agentlightning.server.store.sqlite import SCHEMA_VERSION
 
@@ -482,7 +483,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-tree", help="long-horizon: a source tree of 'before' instead of a ref")
     parser.add_argument("--sizes", type=int, nargs="*", help="long-horizon: only these calls per rollout")
     parser.add_argument("--lh-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true", help="a few seconds, tiny sizes: that it runs")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.rollouts, args.group, args.calls, args.prompt, args.turn = 16, 4, 3, 200, 20
     if args.lh_worker:
         return long_worker(args)
     if args.long_horizon:
@@ -498,20 +502,17 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     with tempfile.TemporaryDirectory(prefix="agl-bench-") as tmp:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        argv_server = [
-            sys.executable,
-            "-m",
-            "agentlightning.server",
-            f"port={port}",
-            f"key={KEY}",
-            f"store.url=sqlite:///{tmp}/gateway.db",
-            "log_level=warning",
-        ]
-        server = ManagedProcess("agl-server", argv_server, Path(tmp) / "gateway.log").start()
+        # Here, not at the top: the long-horizon worker runs on a baseline tree that may predate it.
+        from agentlightning.launch import start_gateway
+
+        server = start_gateway(
+            key=KEY,
+            store_url=f"sqlite:///{tmp}/gateway.db",
+            log_level="warning",
+            log_path=Path(tmp) / "gateway.log",
+        )
+        url = server.url
         try:
-            server.wait_http_ok(f"{url}/healthz")
             config = core_config(url, args.group)
             manager = RolloutManager(config)
             groups = manager.submit([{"prompt": i} for i in range(args.rollouts // args.group)], step=0)

@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from agentlightning.client import GatewayClient  # noqa: E402
+from agentlightning.launch import start_controller, start_gateway  # noqa: E402
 from agentlightning.procs import ManagedProcess, free_port  # noqa: E402
 from agentlightning.schemas import Model  # noqa: E402
 
@@ -125,22 +126,18 @@ def run_mode(
     mode: str,
     n: int,
     concurrency: int,
+    latency_samples: int = 10,
 ) -> Result:
     tag = f"{mode}-{AGENTS[agent].rsplit(':', 1)[1]}-{time.time_ns()}"
-    controller = start(
-        f"controller-{tag}",
-        [
-            sys.executable,
-            "-m",
-            "agentlightning.controller",
-            f"agl_server.url={url}",
-            f"agl_server.key={KEY}",
-            f"local_runner.warm_start={'true' if mode == 'warm' else 'false'}",
-            f"local_runner.maximum_size={concurrency}",
-            f"local_runner.log_dir={logs / tag}",
-            "log_level=warning",
-        ],
-        logs,
+    controller = start_controller(
+        url,
+        f"local_runner.warm_start={'true' if mode == 'warm' else 'false'}",
+        key=KEY,
+        max_agents=concurrency,
+        log_dir=logs / tag,
+        log_level="warning",
+        log_path=logs / f"controller-{tag}.log",
+        cwd=REPO,
     )
     try:
         # The first rollout pays the warm process's import once; then one batch warms caches.
@@ -153,7 +150,7 @@ def run_mode(
         waiter.wait(s["rollout_id"] for s in warm_up)
 
         latencies = []
-        for spec in specs(AGENTS[agent], 10, f"{tag}-latency"):
+        for spec in specs(AGENTS[agent], latency_samples, f"{tag}-latency"):
             [rollout] = client.create_rollouts([spec])
             waiter.wait([rollout.rollout_id])
             [reward] = client.get_events(rollout.rollout_id, event_type="reward")
@@ -198,7 +195,12 @@ def main() -> None:
     parser.add_argument("--fresh-rollouts", type=int, default=40, help="rollouts per fresh-interpreter run")
     parser.add_argument("--concurrency", type=int, default=32, help="local_runner.maximum_size")
     parser.add_argument("--store", default="sqlite", choices=["sqlite", "memory"], help="the Gateway's store")
+    parser.add_argument("--smoke", action="store_true", help="a few seconds, tiny sizes: that it runs")
     args = parser.parse_args()
+    agents = AGENTS
+    if args.smoke:  # one agent, a handful of rollouts each way
+        agents = dict(list(AGENTS.items())[:1])
+        args.rollouts, args.fresh_rollouts, args.concurrency = 4, 2, 2
 
     logs = Path(tempfile.mkdtemp(prefix="agl-bench-controller-"))
     model_port, gateway_port = free_port(), free_port()
@@ -214,27 +216,24 @@ def main() -> None:
                 f"http://127.0.0.1:{model_port}/health",
             )
         )
-        gateway = start(
-            "gateway",
-            [
-                sys.executable,
-                "-m",
-                "agentlightning.server",
-                f"port={gateway_port}",
-                f"key={KEY}",
-                f"store.url={store}",
-            ],
-            logs,
-            f"{url}/healthz",
+        gateway = start_gateway(
+            port=gateway_port,
+            key=KEY,
+            store_url=store,
+            log_path=logs / "gateway.log",
+            cwd=REPO,
         )
         processes.append(gateway)
         results: list[Result] = []
         with GatewayClient(url, KEY, timeout=120) as client:
             client.register_models([Model(model="policy", endpoint=f"http://127.0.0.1:{model_port}/v1")])
             waiter = Waiter(client)
-            for agent in AGENTS:
+            for agent in agents:
                 for mode, n in (("warm", args.rollouts), ("fresh", args.fresh_rollouts)):
-                    result = run_mode(client, waiter, gateway, url, logs, agent, mode, n, args.concurrency)
+                    samples = 2 if args.smoke else 10
+                    result = run_mode(
+                        client, waiter, gateway, url, logs, agent, mode, n, args.concurrency, samples
+                    )
                     results.append(result)
                     print(
                         f"  done: {agent:17s} {mode:5s} {result.rate:7.1f} rollouts/s",
@@ -263,7 +262,7 @@ def main() -> None:
         )
     print()
     by = {(r.agent, r.mode): r for r in results}
-    for agent in AGENTS:
+    for agent in agents:
         warm, fresh = by[(agent, "warm")], by[(agent, "fresh")]
         print(
             f"{agent:18s} warm start is {warm.rate / fresh.rate:5.1f}x the fresh interpreter ({warm.rate:.1f} vs {fresh.rate:.1f} rollouts/s)"

@@ -39,6 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from agentlightning import launch  # noqa: E402
 from agentlightning.client import GatewayClient  # noqa: E402
 from agentlightning.procs import ManagedProcess, free_port  # noqa: E402
 from agentlightning.schemas import Model, RolloutCreate  # noqa: E402
@@ -198,16 +199,19 @@ def start_model(delay: float, workdir: Path, scale_out: bool = False) -> tuple[s
 
 def start_gateway(label: str, command: list[str], workdir: Path) -> Gateway:
     port = free_port()
-    db = workdir / f"gateway-{port}.db"
-    argv = [*command, f"port={port}", f"key={KEY}", "log_level=warning"]
-    if not any(a.startswith("store.url=") for a in command):
-        argv.append(f"store.url=sqlite:///{db}")
-    proc = ManagedProcess(
-        f"gateway {label}", pinned(argv, "gateway"), workdir / f"gateway-{port}.log", cwd=ROOT
-    ).start()
-    url = f"http://127.0.0.1:{port}"
-    proc.wait_http_ok(f"{url}/healthz", timeout=120)  # a busy machine starts it slowly
-    return Gateway(label, url, proc)
+    own_store = any(a.startswith("store.url=") for a in command)
+    proc = launch.start_gateway(
+        port=port,
+        key=KEY,
+        log_level="warning",
+        store_url=None if own_store else f"sqlite:///{workdir / f'gateway-{port}.db'}",
+        log_path=workdir / f"gateway-{port}.log",
+        cwd=ROOT,
+        command=pinned(command, "gateway"),
+        name=f"gateway {label}",
+        ready_timeout=120,  # a busy machine starts it slowly
+    )
+    return Gateway(label, proc.url, proc)
 
 
 def prepare(
@@ -315,25 +319,26 @@ def main() -> None:
         action="store_true",
         help="also run a gateway with metrics.enabled=false and print the metrics on/off throughput ratio",
     )
+    parser.add_argument("--smoke", action="store_true", help="a few seconds, tiny sizes: that it runs")
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
+    if args.smoke:  # the suite's check that it runs: one small scenario, a second of load
+        args.scenarios, args.duration, args.warmup, args.repeat = "8:0.01", 0.5, 0.3, 1
 
     scenarios = []
     for item in args.scenarios.split(","):
         n, delay = item.split(":")
         scenarios.append((int(n), float(delay)))
-    commands = [("ours", [sys.executable, "-m", "agentlightning.server"])]
+    commands = [("ours", launch.gateway_command())]
     if args.token_exact:
         commands = [
-            ("ours", [*commands[0][1], "default_proxy.token_exact=false"]),
-            ("exact", [sys.executable, "-m", "agentlightning.server"]),
+            ("ours", [*launch.gateway_command(), "default_proxy.token_exact=false"]),
+            ("exact", launch.gateway_command()),
         ]
     if args.metrics_off:
-        commands.append(
-            ("no-metrics", [sys.executable, "-m", "agentlightning.server", "metrics.enabled=false"])
-        )
+        commands.append(("no-metrics", [*launch.gateway_command(), "metrics.enabled=false"]))
     commands += [(f"cmd{i + 1}", shlex.split(c)) for i, c in enumerate(args.gateway_cmd)]
 
     cpus = sorted(os.sched_getaffinity(0))

@@ -34,8 +34,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from agentlightning import launch  # noqa: E402
 from agentlightning.pgserver import LocalPostgres  # noqa: E402
-from agentlightning.procs import ManagedProcess, free_port  # noqa: E402
+from agentlightning.procs import free_port  # noqa: E402
 from agentlightning.schemas import Rollout, RolloutStatusPatch  # noqa: E402
 from agentlightning.server.events import make_record  # noqa: E402
 from agentlightning.server.store import store_from_url  # noqa: E402
@@ -67,12 +68,17 @@ def postgres_cpu(pg: LocalPostgres) -> float:
 
 def start_replica(label: str, store_url: str, tmp: Path) -> Gateway:
     port = free_port()
-    argv = [sys.executable, "-m", "agentlightning.server", f"store.url={store_url}", f"port={port}"]
-    argv += [f"key={KEY}", "log_level=warning"]
-    proc = ManagedProcess(f"gateway {label}", argv, tmp / f"gateway-{port}.log", cwd=ROOT).start()
-    url = f"http://127.0.0.1:{port}"
-    proc.wait_http_ok(f"{url}/healthz", timeout=180)  # a loaded machine starts Python slowly
-    return Gateway(label, url, proc)
+    proc = launch.start_gateway(
+        port=port,
+        key=KEY,
+        store_url=store_url,
+        log_level="warning",
+        log_path=tmp / f"gateway-{port}.log",
+        cwd=ROOT,
+        name=f"gateway {label}",
+        ready_timeout=180,  # a loaded machine starts Python slowly
+    )
+    return Gateway(label, proc.url, proc)
 
 
 def proxied(
@@ -233,8 +239,9 @@ def throughput(args: argparse.Namespace, pg: LocalPostgres, model_url: str, tmp:
     rows = [
         proxied("sqlite x1", f"sqlite:///{tmp}/gw.db", 1, model_url, args, pg, tmp),
         proxied("postgres x1", pg.create_database("proxy1"), 1, model_url, args, pg, tmp),
-        proxied("postgres x2", pg.create_database("proxy2"), 2, model_url, args, pg, tmp),
     ]
+    if not args.smoke:  # the smoke run: one replica on each store
+        rows.append(proxied("postgres x2", pg.create_database("proxy2"), 2, model_url, args, pg, tmp))
     print("\n## proxied calls/s (every call recorded)")
     print(
         f"{'setup':<13}{'calls/s':>9}{'ratio':>7}{'p50 ms':>8}{'p99 ms':>8}{'gw cpu ms':>10}{'pg cpu ms':>10}  errors"
@@ -248,8 +255,9 @@ def throughput(args: argparse.Namespace, pg: LocalPostgres, model_url: str, tmp:
     ops = {
         "sqlite x1": store_ops_processes(f"sqlite:///{tmp}/ops.db", 1, args.store_n, 64),
         "postgres x1": store_ops_processes(pg.create_database("ops1"), 1, args.store_n, 64),
-        "postgres x2": store_ops_processes(pg.create_database("ops2"), 2, args.store_n, 64),
     }
+    if not args.smoke:
+        ops["postgres x2"] = store_ops_processes(pg.create_database("ops2"), 2, args.store_n, 64)
     print("\n## store operations/s (in-process Store API, 64 concurrent; x2: two processes, summed)")
     names = list(ops["sqlite x1"])
     print(f"{'setup':<13}" + "".join(f"{n:>10}" for n in names))
@@ -288,7 +296,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=0, help="also the failure run with this many rollouts")
     parser.add_argument("--no-throughput", action="store_true", help="only the failure run (--batch)")
     parser.add_argument("--store-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true", help="a few seconds, tiny sizes: that it runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.agents, args.duration, args.warmup, args.store_n = 4, 0.5, 0.3, 50
     if args.store_worker:
         store_ops_worker()
         return

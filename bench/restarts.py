@@ -48,6 +48,7 @@ from omegaconf import OmegaConf
 
 from agentlightning.client import GatewayClient
 from agentlightning.demo.task import make_dataset
+from agentlightning.launch import start_controller, start_gateway
 from agentlightning.procs import ManagedProcess, free_port
 from agentlightning.schemas import Model, Rollout, RolloutState
 from agentlightning.trainer.checkpoint import latest_checkpoint, list_checkpoints, load_loop_state
@@ -61,32 +62,28 @@ KILL_IN_UPDATE, KILL_IN_SAVE = "AGL_BENCH_KILL_IN_UPDATE", "AGL_BENCH_KILL_IN_SA
 
 
 def gateway(port: int, db: Path, logs: Path, n: int | str) -> ManagedProcess:
-    argv = [
-        sys.executable,
-        "-m",
-        "agentlightning.server",
-        f"port={port}",
-        f"key={KEY}",
-        f"store.url=sqlite:///{db}",
-        "log_level=warning",
-    ]
-    proc = ManagedProcess("agl-server", argv, logs / f"gateway-{n}.log", cwd=REPO).start()
-    proc.wait_http_ok(f"http://127.0.0.1:{port}/healthz", timeout=120)
-    return proc
+    return start_gateway(
+        port=port,
+        key=KEY,
+        store_url=f"sqlite:///{db}",
+        log_level="warning",
+        log_path=logs / f"gateway-{n}.log",
+        cwd=REPO,
+        ready_timeout=120,
+    )
 
 
 def controller(url: str, logs: Path, concurrency: int, n: int | str) -> ManagedProcess:
-    argv = [
-        sys.executable,
-        "-m",
-        "agentlightning.controller",
-        f"agl_server.url={url}",
-        f"agl_server.key={KEY}",
-        f"local_runner.maximum_size={concurrency}",
-        f"local_runner.log_dir={logs / 'agents'}",
-        "log_level=warning",
-    ]
-    return ManagedProcess("agl-controller", argv, logs / f"controller-{n}.log", cwd=REPO).start()
+    return start_controller(
+        url,
+        key=KEY,
+        max_agents=concurrency,
+        log_dir=logs / "agents",
+        log_level="warning",
+        log_path=logs / f"controller-{n}.log",
+        cwd=REPO,
+        ready_timeout=120,
+    )
 
 
 def states(client: GatewayClient, ids: list[str]) -> dict[str, str]:

@@ -46,7 +46,10 @@ def main() -> None:
     parser.add_argument("--people", type=int, default=20000)
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--topk", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="a small corpus, a few queries: that it runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.people, args.queries = 300, 20
 
     corpus, questions = make_data.generate(args.people, seed=7)
     queries = [

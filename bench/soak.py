@@ -33,6 +33,7 @@ from typing import Any
 
 import aiohttp
 
+from agentlightning.launch import start_gateway
 from agentlightning.procs import ManagedProcess, free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -86,22 +87,22 @@ class Gateway:
         self.url = f"http://127.0.0.1:{self.port}"
         self.db = tmp / f"gw-{self.port}.db"
         self.wal = Path(f"{self.db}-wal")
-        store_url = "memory://" if store == "memory" else f"sqlite:///{self.db}"
-        env = dict(os.environ, PYTHONPATH=str(code_dir))
-        argv = [
-            sys.executable,
-            "-m",
-            "agentlightning.server",
-            f"port={self.port}",
-            f"key={KEY}",
-            f"store.url={store_url}",
-            "log_level=warning",
-        ]
-        self.proc = ManagedProcess("agl-server", argv, tmp / f"gw-{self.port}.log", env=env, cwd=code_dir)
+        self.store_url = "memory://" if store == "memory" else f"sqlite:///{self.db}"
+        self.log = tmp / f"gw-{self.port}.log"
+        self.env = dict(os.environ, PYTHONPATH=str(code_dir))  # that checkout's Gateway
+        self.code_dir = code_dir
 
     def __enter__(self) -> Gateway:
-        self.proc.start()
-        self.proc.wait_http_ok(f"{self.url}/healthz", timeout=120)
+        self.proc = start_gateway(
+            port=self.port,
+            key=KEY,
+            store_url=self.store_url,
+            log_level="warning",
+            log_path=self.log,
+            env=self.env,
+            cwd=self.code_dir,
+            ready_timeout=120,
+        )
         return self
 
     def __exit__(self, *exc: object) -> None:

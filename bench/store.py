@@ -22,13 +22,13 @@ import asyncio
 import multiprocessing as mp
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from agentlightning.procs import ManagedProcess, free_port
+from agentlightning.launch import start_gateway
+from agentlightning.procs import free_port
 from agentlightning.schemas import Rollout
 from agentlightning.server.events import make_record, render_events
 from agentlightning.server.store import MemoryStore, SqliteStore, Store
@@ -161,28 +161,16 @@ def _http_load(url: str, n_events: int, n_rollouts: int, concurrency: int, out: 
 
 def http_level(store_url: str, tmp: Path, n_events: int, n_rollouts: int, concurrency: int) -> float:
     port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "agentlightning.server",
-        f"port={port}",
-        "log_level=warning",
-        f"store.url={store_url}",
-    ]
-    proc = ManagedProcess("agl-server", argv, tmp / f"gw-{port}.log").start()
-    try:
-        proc.wait_http_ok(f"http://127.0.0.1:{port}/healthz")
+    with start_gateway(
+        port=port, log_level="warning", store_url=store_url, log_path=tmp / f"gw-{port}.log"
+    ) as gw:
         ctx = mp.get_context("spawn")
         out = ctx.Queue()
-        loader = ctx.Process(
-            target=_http_load, args=(f"http://127.0.0.1:{port}", n_events, n_rollouts, concurrency, out)
-        )
+        loader = ctx.Process(target=_http_load, args=(gw.url, n_events, n_rollouts, concurrency, out))
         loader.start()
-        rate = out.get(timeout=600)
+        rate: float = out.get(timeout=600)
         loader.join()
         return rate
-    finally:
-        proc.stop()
 
 
 def main() -> None:
@@ -193,7 +181,10 @@ def main() -> None:
     parser.add_argument("--http-events", type=int, default=8_000)
     parser.add_argument("--rollouts", type=int, default=2_000)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--smoke", action="store_true", help="a few seconds, tiny sizes: that it runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.events, args.http_events, args.rollouts, args.concurrency = 400, 200, 40, 8
 
     events = payloads(args.events)
     sizes = [len(make_record("r", "a", "model_request", e, 0.0).data) for e in events[:500]]

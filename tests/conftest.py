@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from agentlightning.procs import ManagedProcess, free_port
+from agentlightning.launch import Service
+from agentlightning.launch import start_gateway as start_gateway_process
+from agentlightning.procs import free_port
 from tests import postgres
 from tests.postgres import store_is_postgres
 
@@ -29,36 +30,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 class RunningGateway:
     url: str
     key: str
-    process: ManagedProcess
+    process: Service
     db_path: Path
 
 
 def start_gateway(
     tmp_path: Path, key: str = "test-key", *overrides: str, db_path: Path | None = None
 ) -> RunningGateway:
-    port = free_port()
     db = db_path or tmp_path / "gateway.db"
     store_url = f"sqlite:///{db}"
     if store_is_postgres():  # the Postgres pass: stores not chosen as SQLite on purpose go to Postgres
         store_url = postgres.database_for(db)
         overrides = tuple(o for o in overrides if o != "store.url=memory://")
-    argv = [
-        sys.executable,
-        "-m",
-        "agentlightning.server",
-        f"port={port}",
-        f"key={key}",
-        f"store.url={store_url}",
-        *overrides,
-    ]
-    proc = ManagedProcess("agl-server", argv, tmp_path / f"gateway-{port}.log").start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        proc.wait_http_ok(f"{url}/healthz")
-    except Exception:
-        proc.stop()
-        raise
-    return RunningGateway(url, key, proc, db)
+    chosen = [o for o in overrides if o.startswith("store.url=")]
+    if chosen:  # a store chosen by the test
+        store_url = chosen[-1].removeprefix("store.url=")
+        overrides = tuple(o for o in overrides if not o.startswith("store.url="))
+    port = free_port()
+    proc = start_gateway_process(
+        *overrides, port=port, key=key, store_url=store_url, log_path=tmp_path / f"gateway-{port}.log"
+    )
+    return RunningGateway(proc.url, key, proc, db)
 
 
 @pytest.fixture

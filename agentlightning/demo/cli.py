@@ -26,17 +26,19 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
 from agentlightning.config.loader import load_cli_config
+from agentlightning.launch import start_controller, start_gateway
 from agentlightning.procs import ManagedProcess, ProcessFailed, free_port
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
 
 AGENT_CLASS = "agentlightning.demo.agent:CalcAgent"
 ENV_MAP = {"QUESTION": "input.question", "ANSWER": "input.answer"}
 MARKER = ".agl-demo"  # marks a directory this demo made, and may replace
+P = TypeVar("P", bound=ManagedProcess)
 
 
 def say(line: str = "") -> None:
@@ -187,39 +189,35 @@ class Demo:
             raise SystemExit(f"agl-demo: bad train.* config: {exc}") from None
 
     def start_services(self, train_cfg: DictConfig) -> None:
-        gateway = self._start(
-            "gateway",
-            [
-                "-m",
-                "agentlightning.server",
-                f"port={self.port}",
-                f"key={self.key}",
-                f"store.url=sqlite:///{self.run_dir / 'gateway.db'}",
+        gateway = self._track(
+            start_gateway(
                 f"default_proxy.model_name={train_cfg.agentlightning.model_name}",
                 f"default_proxy.train.temperature={float(train_cfg.actor_rollout_ref.rollout.temperature)}",
                 "default_proxy.val.temperature=0.0",
-                "log_level=warning",
-            ],
-            self.run_dir / "gateway.log",
+                port=self.port,
+                key=self.key,
+                store_url=f"sqlite:///{self.run_dir / 'gateway.db'}",
+                log_level="warning",
+                log_path=self.run_dir / "gateway.log",
+                env=self.env,
+                name="gateway",
+                ready_timeout=180,  # a busy machine imports slowly
+            )
         )
-        gateway.wait_http_ok(f"{self.url}/healthz", timeout=180)  # a busy machine imports slowly
-        controller = self._start(
-            "controller",
-            [
-                "-m",
-                "agentlightning.controller",
-                "runner_type=local",
-                f"agl_server.url={self.url}",
-                f"agl_server.key={self.key}",
-                f"local_runner.maximum_size={int(self.cfg.agents_at_once)}",
-                f"local_runner.log_dir={self.run_dir / 'agents'}",
-                "log_level=warning",
-            ],
-            self.run_dir / "controller.log",
+        controller = self._track(
+            start_controller(
+                self.url,
+                runner_type="local",
+                key=self.key,
+                max_agents=int(self.cfg.agents_at_once),
+                log_dir=self.run_dir / "agents",
+                log_level="warning",
+                log_path=self.run_dir / "controller.log",
+                env=self.env,
+                name="controller",
+                ready_timeout=180,
+            )
         )
-        time.sleep(0.5)
-        if not controller.alive():
-            raise ProcessFailed(f"the controller exited at start-up:\n{controller.log_tail()}")
         say(
             f"[2/4] Gateway     {self.url} (pid {gateway.pid}, SQLite store, key-protected)\n"
             f"      Dashboard   {self.url}/ui/#key={self.key}  (open it to watch training live)\n"
@@ -275,9 +273,11 @@ class Demo:
     # --- processes ------------------------------------------------------------------------
 
     def _start(self, name: str, args: Sequence[str], log: Path | None) -> ManagedProcess:
-        proc = ManagedProcess(name, [sys.executable, *args], log, env=self.env)
+        return self._track(ManagedProcess(name, [sys.executable, *args], log, env=self.env).start())
+
+    def _track(self, proc: P) -> P:
         self.procs.append(proc)
-        return proc.start()
+        return proc
 
     def stop_all(self) -> None:
         for proc in reversed(self.procs):  # trainer, controller, then the Gateway

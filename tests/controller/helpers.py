@@ -9,8 +9,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
+from agentlightning import launch
 from agentlightning.client import GatewayClient
-from agentlightning.procs import ManagedProcess
+from agentlightning.launch import Service
 from agentlightning.schemas import Rollout
 
 T = TypeVar("T")
@@ -19,23 +20,29 @@ TERMINAL = ("succeeded", "failed")
 
 
 def start_controller(
-    url: str, key: str, log_dir: Path, *overrides: str, name: str = "agl-controller"
-) -> ManagedProcess:
-    """A real `agl-controller` process; its own output goes to log_dir/../{name}-N.log."""
+    url: str,
+    key: str,
+    log_dir: Path,
+    *overrides: str,
+    name: str = "agl-controller",
+    metrics_port: int | None = None,
+) -> Service:
+    """A real `agl-controller` process, serving its metrics; its own output goes to
+    log_dir/../{name}-N.log."""
     n = len(list(log_dir.parent.glob(f"{name}-*.log")))
-    argv = [
-        sys.executable,
-        "-m",
-        "agentlightning.controller",
-        f"agl_server.url={url}",
-        f"agl_server.key={key}",
-        f"local_runner.log_dir={log_dir}",
+    return launch.start_controller(
+        url,
         "local_runner.kill_grace_seconds=0.5",
         "resync_interval=0.5",
         "shutdown_timeout=10",
         *overrides,
-    ]
-    return ManagedProcess(name, argv, log_dir.parent / f"{name}-{n}.log", cwd=REPO).start()
+        key=key,
+        log_dir=log_dir,
+        metrics_port=metrics_port,
+        log_path=log_dir.parent / f"{name}-{n}.log",
+        cwd=REPO,
+        name=name,
+    )
 
 
 def wait_until(fn: Callable[[], T | None], timeout: float = 30.0, what: str = "condition") -> T:
@@ -86,22 +93,16 @@ GATEWAY_OVERRIDES = ("long_poll_max_seconds=2",)
 
 def start_gateway_at(
     tmp_path: Path, port: int, key: str, db: Path, module: str = "agentlightning.server"
-) -> ManagedProcess:
+) -> Service:
     """A Gateway on a given port (to restart it in place); `module` may be a compatible stand-in."""
-    argv = [
-        sys.executable,
-        "-m",
-        module,
-        f"port={port}",
-        f"key={key}",
-        f"store.url=sqlite:///{db}",
-        *GATEWAY_OVERRIDES,
-    ]
     n = len(list(tmp_path.glob("gateway-at-*.log")))
-    proc = ManagedProcess("gateway", argv, tmp_path / f"gateway-at-{n}.log", cwd=REPO).start()
-    try:
-        proc.wait_http_ok(f"http://127.0.0.1:{port}/healthz")
-    except Exception:
-        proc.stop()
-        raise
-    return proc
+    return launch.start_gateway(
+        *GATEWAY_OVERRIDES,
+        port=port,
+        key=key,
+        store_url=f"sqlite:///{db}",
+        log_path=tmp_path / f"gateway-at-{n}.log",
+        cwd=REPO,
+        command=[sys.executable, "-m", module],
+        name="gateway",
+    )

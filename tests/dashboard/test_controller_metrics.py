@@ -37,7 +37,7 @@ def test_controller_metrics_count_what_it_ran(tmp_path: Path) -> None:
     gw = start_gateway(tmp_path, KEY, *GATEWAY_OVERRIDES)
     port = free_port()
     controller = start_controller(
-        gw.url, KEY, tmp_path / "logs", f"metrics_port={port}", "local_runner.warm_start=false"
+        gw.url, KEY, tmp_path / "logs", "local_runner.warm_start=false", metrics_port=port
     )
     url = f"http://127.0.0.1:{port}/metrics"
     try:

@@ -10,16 +10,15 @@ torch), started by a real `agl-controller` (local runner) for rollouts created o
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agentlightning.client import GatewayClient
-from agentlightning.procs import ManagedProcess, free_port
+from agentlightning.launch import Service, start_controller, start_gateway
 from agentlightning.schemas import Model
 from agentlightning.trainer.aggregation import AggregationStats, aggregate_rollout, usable_calls
 from agentlightning.trainer.rows import TrainingRow
@@ -60,8 +59,8 @@ class RolloutResult:
 
 @dataclass
 class Stack:
-    gateway: ManagedProcess
-    controller: ManagedProcess
+    gateway: Service
+    controller: Service
     model: ScriptedChatModel
     client: GatewayClient
     url: str
@@ -143,58 +142,42 @@ def example_stack(
     """Scripted model, Gateway and Controller (agents in `examples/{example}` run by .venv-examples).
     `agent_env`: extra environment of the Controller, which its agents inherit."""
     work.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    procs: list[ManagedProcess] = []
-    with ScriptedChatModel(policy, scale_out=scale_out) as model:
-        try:
-            gateway = ManagedProcess(
-                "agl-server",
-                [
-                    sys.executable,
-                    "-m",
-                    "agentlightning.server",
-                    f"port={port}",
-                    f"key={KEY}",
-                    f"store.url=sqlite:///{work / 'gateway.db'}",
-                    "long_poll_max_seconds=2",
-                    "log_level=warning",
-                ],
-                work / "gateway.log",
+    with ScriptedChatModel(policy, scale_out=scale_out) as model, ExitStack() as services:
+        gateway = services.enter_context(
+            start_gateway(
+                "long_poll_max_seconds=2",
+                key=KEY,
+                store_url=f"sqlite:///{work / 'gateway.db'}",
+                log_level="warning",
+                log_path=work / "gateway.log",
                 env=env,
-            ).start()
-            procs.append(gateway)
-            gateway.wait_http_ok(f"{url}/healthz", timeout=60)
-            client = GatewayClient(url, KEY)
-            client.register_models([Model(model="policy", endpoint=model.base_url)])
-            controller = ManagedProcess(
-                "agl-controller",
-                [
-                    sys.executable,
-                    "-m",
-                    "agentlightning.controller",
-                    "runner_type=local",
-                    f"agl_server.url={url}",
-                    f"agl_server.key={KEY}",
-                    f"local_runner.python={EXAMPLES_PYTHON}",
-                    f"local_runner.cwd={EXAMPLES / example}",
-                    f"local_runner.log_dir={work / 'agents'}",
-                    f"local_runner.maximum_size={maximum_size}",
-                    "local_runner.preload_timeout=300",
-                    "shutdown_timeout=10",
-                    "log_level=warning",
-                    *controller_overrides,
-                ],
-                work / "controller.log",
+                stop_grace=20,
+            )
+        )
+        url = gateway.url
+        client = GatewayClient(url, KEY)
+        client.register_models([Model(model="policy", endpoint=model.base_url)])
+        controller = services.enter_context(
+            start_controller(
+                url,
+                f"local_runner.python={EXAMPLES_PYTHON}",
+                f"local_runner.cwd={EXAMPLES / example}",
+                "local_runner.preload_timeout=300",
+                "shutdown_timeout=10",
+                *controller_overrides,
+                runner_type="local",
+                key=KEY,
+                log_dir=work / "agents",
+                max_agents=maximum_size,
+                log_level="warning",
+                log_path=work / "controller.log",
                 env={**env, **(agent_env or {})},
-            ).start()
-            procs.append(controller)
-            yield Stack(gateway, controller, model, client, url, work)
-            client.close()
-        finally:
-            for proc in reversed(procs):
-                proc.stop(timeout=20)
+                stop_grace=20,
+            )
+        )
+        yield Stack(gateway, controller, model, client, url, work)
+        client.close()
 
 
 # --- why a rollout's calls did not merge ----------------------------------------------------------

@@ -13,7 +13,6 @@ Used by tests/server/test_replica_failures.py (a small batch) and bench/replicas
 from __future__ import annotations
 
 import concurrent.futures
-import sys
 import threading
 import time
 import uuid
@@ -24,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from agentlightning.procs import ManagedProcess
+from agentlightning.launch import Service, start_gateway
 
 RETRYABLE = {429, 502, 503}  # 429: paused for a weight update
 
@@ -34,9 +33,9 @@ class Replica:
     """One agl-server process on a fixed port, so that a restart keeps its URL."""
 
     port: int
-    argv_tail: list[str]
+    overrides: list[str]
     log_dir: Path
-    process: ManagedProcess | None = None
+    process: Service | None = None
     restarts: int = 0
 
     @property
@@ -44,10 +43,10 @@ class Replica:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> Replica:
-        argv = [sys.executable, "-m", "agentlightning.server", f"port={self.port}", *self.argv_tail]
         log = self.log_dir / f"replica-{self.port}-{self.restarts}.log"
-        self.process = ManagedProcess(f"agl-server:{self.port}", argv, log).start()
-        self.process.wait_http_ok(f"{self.url}/healthz", timeout=180)
+        self.process = start_gateway(
+            *self.overrides, port=self.port, log_path=log, name=f"agl-server:{self.port}", ready_timeout=180
+        )
         return self
 
     def kill(self) -> None:

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import ssl
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -18,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from agentlightning.client import GatewayClient, GatewayUnavailable, RetryPolicy
-from agentlightning.procs import ManagedProcess, free_port
+from agentlightning.launch import start_gateway
 from agentlightning.server.config import load_server_config
 
 
@@ -51,39 +48,21 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
-def wait_https_ok(proc: ManagedProcess, url: str, ca: Path, timeout: float = 60.0) -> None:
-    """Until the server answers over TLS with a certificate the CA vouches for."""
-    deadline = time.monotonic() + timeout
-    with httpx.Client(verify=ssl.create_default_context(cafile=str(ca))) as probe:
-        while time.monotonic() < deadline:
-            assert proc.alive(), proc.log_tail(30)
-            try:
-                if probe.get(url).status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.1)
-    raise AssertionError(f"{url} did not answer within {timeout}s")
-
-
 def test_gateway_serves_https_and_clients_trust_its_ca(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cert, key = self_signed(tmp_path)
-    port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "agentlightning.server",
-        f"port={port}",
-        "key=k",
-        "store.url=memory://",
-        f"tls.certfile={cert}",
-        f"tls.keyfile={key}",
-    ]
-    proc = ManagedProcess("agl-server-tls", argv, tmp_path / "gateway.log").start()
-    url = f"https://127.0.0.1:{port}"
+    # Ready once it answers over TLS with a certificate the CA (the certificate itself) vouches for.
+    proc = start_gateway(
+        key="k",
+        store_url="memory://",
+        tls=(cert, key),
+        log_path=tmp_path / "gateway.log",
+        name="agl-server-tls",
+    )
+    url = proc.url
+    assert url.startswith("https://")
     try:
-        wait_https_ok(proc, f"{url}/healthz", cert)
         monkeypatch.setenv("SSL_CERT_FILE", str(cert))
         with GatewayClient(url, "k") as client:
             assert client.health()
@@ -94,7 +73,7 @@ def test_gateway_serves_https_and_clients_trust_its_ca(
             with pytest.raises(GatewayUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
                 stranger.health()
         with pytest.raises(httpx.TransportError):  # plain HTTP on the TLS port is not served
-            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10)
+            httpx.get(url.replace("https://", "http://") + "/healthz", timeout=10)
     finally:
         proc.stop()
 

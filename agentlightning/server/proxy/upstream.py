@@ -3,7 +3,7 @@
 aiohttp, not httpx, carries the upstream calls. With an unlimited pool and 256-1024 calls
 in flight, httpx spent 11-19 ms of CPU per call (its pool scans every connection on each
 request) and managed 19-27 calls/s, httpx2 1.4-3.9 ms; aiohttp spent 0.14-0.20 ms and kept
-up with the model (`bench/upstream_clients.py`; numbers in docs/gateway.md). The pool has no
+up with the model (measured side by side; numbers in docs/gateway.md). The pool has no
 cap by default: every agent's call gets its own connection at once.
 """
 

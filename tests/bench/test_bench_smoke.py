@@ -1,0 +1,68 @@
+"""Every benchmark under bench/ runs: each in its `--smoke` mode (tiny sizes, a few seconds), in its
+own process under a deadline, and prints the table or ratio it exists for. The numbers are not
+checked (a loaded machine changes them); that the script runs end to end and reports is.
+bench/soak.py and bench/restarts.py are run by tests/bench/test_reliability_benches.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentlightning.pgserver import find_bin_dir
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES_PYTHON = REPO / ".venv-examples" / "bin" / "python"
+
+# script, interpreter, what its report must contain
+SMOKES = {
+    "proxy": (sys.executable, r"via ours +\d+ +\d+\.\d\d"),  # calls/s and the ratio to direct
+    "store": (sys.executable, r"through the Gateway \d+\.\d\dx"),
+    "collect": (sys.executable, r"speed-up: fetch x[\d.]+, aggregation x[\d.]+, total x[\d.]+"),
+    "controller": (sys.executable, r"warm start is +[\d.]+x the fresh interpreter"),
+    "replicas": (sys.executable, r"postgres x1 +\d+ +\d\.\d\d"),
+    "retrieval_latency": (str(EXAMPLES_PYTHON), r"ratio service / in-process \(p50\): [\d.]+"),
+    "merge_report": (sys.executable, r"\| gsm8k: plain `openai` client tool loop \| \d\.\d\d \|"),
+}
+
+
+def _missing(name: str) -> str | None:
+    if name in ("retrieval_latency", "merge_report") and not EXAMPLES_PYTHON.exists():
+        return f"{EXAMPLES_PYTHON} is missing (make examples-venv)"  # the examples' agents and search
+    if name == "replicas" and find_bin_dir() is None:
+        return "PostgreSQL server binaries are missing (Debian: apt-get install postgresql)"
+    return None
+
+
+def test_every_bench_script_is_smoke_tested_or_a_helper() -> None:
+    """A new bench script gets a smoke run here (or is a helper another script runs)."""
+    helpers = {"controller_agents", "controller_openai_agent", "restarts_agent", "restarts_trainer"}
+    reliability = {"soak", "restarts"}  # tests/bench/test_reliability_benches.py
+    scripts = {p.stem for p in (REPO / "bench").glob("*.py") if p.stem != "__init__"}
+    assert scripts == set(SMOKES) | helpers | reliability
+
+
+@pytest.mark.parametrize("name", sorted(SMOKES))
+def test_bench_smoke(name: str) -> None:
+    missing = _missing(name)
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(missing)
+        pytest.skip(missing)
+    interpreter, report = SMOKES[name]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # bench.* and this tree's agentlightning
+    out = subprocess.run(
+        [interpreter, f"bench/{name}.py", "--smoke"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert re.search(report, out.stdout), out.stdout[-3000:]
