@@ -18,15 +18,11 @@ from agentlightning.client import AsyncGatewayClient
 from agentlightning.config.loader import load_cli_config
 from agentlightning.controller.config import ControllerConfig, load_controller_config
 from agentlightning.controller.reconciler import Reconciler
-from agentlightning.controller.runner import Runner
+from agentlightning.controller.runner import Runner, StartupError
 from agentlightning.controller.tokens import AgentKeys
 from agentlightning.log import configure_logging, get_logger
 
 log = get_logger("controller")
-
-
-class StartupError(Exception):
-    """The controller cannot start (bad runner setup); the message says why."""
 
 
 def make_runner(config: ControllerConfig) -> Runner:
