@@ -32,17 +32,16 @@ from typing import Any
 import httpx
 import torch
 
+from agentlightning.aggregation import AggregationLevel, AggregationStats, Call, RowLimits, aggregate_calls
 from agentlightning.demo.agent import solve
 from agentlightning.demo.model import TinyModelConfig, build_tiny
 from agentlightning.demo.task import ACTIONS, make_dataset, reward
 from agentlightning.demo.warmup import WarmupConfig, warmup
+from agentlightning.rows import TrainingRow
 from agentlightning.torch_backend.engine import TorchEngine
 from agentlightning.torch_backend.inference_server import create_app
 from agentlightning.torch_backend.policy import ActorConfig, OptimConfig, PolicyUpdater
 from agentlightning.trainer.advantage import assign_advantages, rollout_advantages
-from agentlightning.trainer.aggregation import AggregationStats, Call, RowLimits, aggregate_calls
-from agentlightning.trainer.config import AggregationLevel
-from agentlightning.trainer.rows import TrainingRow
 from agentlightning.trainer.shaping import split_minibatches
 
 warnings.filterwarnings("ignore")

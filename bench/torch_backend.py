@@ -22,13 +22,13 @@ import warnings
 
 import torch
 
+from agentlightning.rows import TrainingRow
 from agentlightning.torch_backend.engine import SamplingParams, TorchEngine
 from agentlightning.torch_backend.policy import (
     ActorConfig,
     OptimConfig,
     PolicyUpdater,
 )
-from agentlightning.trainer.rows import TrainingRow
 from agentlightning.trainer.shaping import set_loss_weights
 
 warnings.filterwarnings("ignore")

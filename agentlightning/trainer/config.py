@@ -19,6 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from agentlightning.aggregation import AggregationLevel
 from agentlightning.log import get_logger
 
 log = get_logger("trainer_config")
@@ -26,11 +27,6 @@ log = get_logger("trainer_config")
 
 class ConfigError(ValueError):
     """A bad trainer setting. The message names the key and what is wrong with it."""
-
-
-class AggregationLevel(StrEnum):
-    TRAJECTORY = "trajectory"
-    TRANSITION = "transition"
 
 
 class AdvEstimator(StrEnum):
