@@ -18,8 +18,7 @@ from agentlightning.torch_backend.config import (
     load_torch_backend_config,
     torch_read_keys,
 )
-from agentlightning.trainer.config import ConfigError, load_core_config
-from agentlightning.trainer.keys import leaf_items
+from agentlightning.trainer.config import ConfigError, leaf_items, load_core_config
 
 PKG = Path(__file__).resolve().parents[2] / "agentlightning"
 
