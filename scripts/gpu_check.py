@@ -272,7 +272,7 @@ def part_engine(device: Any, sizes: Sizes) -> dict[str, Any]:
 
 
 def _rows(prompts: list[list[int]], responses: list[list[int]], log_probs: list[list[float]] | None) -> list:
-    from agentlightning.trainer.rows import TrainingRow
+    from agentlightning.rows import TrainingRow
     from agentlightning.trainer.shaping import set_loss_weights
 
     rows = [

@@ -1,15 +1,28 @@
-"""Load an entry point's Hydra config: packaged defaults, an optional file, dotted overrides."""
+"""What every command line shares (agl-server, agl-controller, agl-train, agl-demo).
+
+Its config: the packaged defaults, an optional `--config FILE.yaml`, then dotted `key=value`
+overrides (`load_cli_config`; `config_args` for an entry point that composes its own defaults).
+Its logging (`setup_logging`). How it stops: SIGTERM is read as Ctrl-C (`stop_on_sigterm`) and
+Ctrl-C ends a run with exit code 130 (`exit_on_interrupt`). Bad arguments or a bad config exit 2
+with a message that names the problem (`fail`).
+"""
 
 from __future__ import annotations
 
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
+from typing import NoReturn
 
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from agentlightning.log import configure_logging
 
 USAGE = """usage: {prog} [--config FILE.yaml] [key=value ...]
 
@@ -26,35 +39,64 @@ def load_cli_config(config_name: str, argv: Sequence[str], prog: str, strict: bo
     backend checks its own sections). Prints usage and exits on -h/--help; exits 2 with a
     message on a bad argument.
     """
-    args = list(argv)
-    user_file: Path | None = None
-    if "-h" in args or "--help" in args:
+    if "-h" in argv or "--help" in argv:
         print(USAGE.format(prog=prog, defaults=OmegaConf.to_yaml(_compose(config_name, []))))
         raise SystemExit(0)
-    if "--config" in args:
-        i = args.index("--config")
-        if i + 1 >= len(args):
-            _fail(prog, "--config needs a file")
-        user_file = Path(args[i + 1])
-        del args[i : i + 2]
-        if not user_file.is_file():
-            _fail(prog, f"config file {user_file} does not exist")
-    bad = [a for a in args if "=" not in a or a.startswith("-")]
-    if bad:
-        _fail(prog, f"arguments must be key=value overrides, got {bad[0]!r}")
-    # `key=` means the empty string, not null
-    args = [f"{a}''" if a.endswith("=") else a for a in args]
+    user_file, overrides = config_args(argv, prog)
     try:
         base: DictConfig | ListConfig = _compose(config_name, [])
         OmegaConf.set_struct(base, strict)
-        if user_file is not None:
-            base = OmegaConf.merge(base, OmegaConf.load(user_file))
-        merged = OmegaConf.merge(base, OmegaConf.from_dotlist(args))
-        assert isinstance(merged, DictConfig)  # a DictConfig merged with anything stays one
+        user = [OmegaConf.load(user_file)] if user_file is not None else []
+        merged = OmegaConf.merge(base, *user, OmegaConf.from_dotlist(overrides))
+        assert isinstance(merged, DictConfig)  # merged onto a DictConfig, the result is one
         return merged
     except (OmegaConfBaseException, ValueError) as exc:
-        _fail(prog, f"bad config: {exc}")
-        raise  # unreachable: _fail exits
+        fail(prog, f"bad config: {exc}")
+
+
+def config_args(argv: Sequence[str], prog: str) -> tuple[Path | None, list[str]]:
+    """The `--config FILE` and the `key=value` overrides of a command line; exits 2 naming a bad
+    argument. `key=` means the empty string, not null."""
+    args = list(argv)
+    user_file: Path | None = None
+    if "--config" in args:
+        i = args.index("--config")
+        if i + 1 >= len(args):
+            fail(prog, "--config needs a file")
+        user_file = Path(args[i + 1])
+        del args[i : i + 2]
+        if not user_file.is_file():
+            fail(prog, f"config file {user_file} does not exist")
+    bad = [a for a in args if "=" not in a or a.startswith("-")]
+    if bad:
+        fail(prog, f"arguments must be key=value overrides, got {bad[0]!r}")
+    return user_file, [f"{a}''" if a.endswith("=") else a for a in args]
+
+
+def setup_logging(prog: str, level: str, section: str = "") -> None:
+    """structlog at `level`; a bad level exits 2 naming its key (`{section}log_level`)."""
+    try:
+        configure_logging(level)
+    except ValueError as exc:  # "log_level must be one of …"
+        fail(prog, f"bad config: {section}{exc}")
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM stops the run as Ctrl-C does (the `finally` blocks that stop what it started run)."""
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+@contextmanager
+def exit_on_interrupt(prog: str) -> Iterator[None]:
+    """Ctrl-C (or SIGTERM, with `stop_on_sigterm`) inside: exit 130 with `{prog}: stopped`."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        fail(prog, "stopped", 130)
 
 
 def _compose(config_name: str, overrides: list[str]) -> DictConfig:
@@ -63,6 +105,7 @@ def _compose(config_name: str, overrides: list[str]) -> DictConfig:
         return compose(config_name=config_name, overrides=overrides)
 
 
-def _fail(prog: str, message: str) -> None:
+def fail(prog: str, message: str, code: int = 2) -> NoReturn:
+    """Exit with `code` after `{prog}: {message}` on stderr."""
     print(f"{prog}: {message}", file=sys.stderr)
-    raise SystemExit(2)
+    raise SystemExit(code)

@@ -15,18 +15,15 @@ from collections.abc import Sequence
 from omegaconf.errors import OmegaConfBaseException
 
 from agentlightning.client import AsyncGatewayClient
-from agentlightning.config.loader import load_cli_config
+from agentlightning.config.loader import fail, load_cli_config
 from agentlightning.controller.config import ControllerConfig, load_controller_config
 from agentlightning.controller.reconciler import Reconciler
-from agentlightning.controller.runner import Runner
+from agentlightning.controller.runner import Runner, StartupError
 from agentlightning.controller.tokens import AgentKeys
 from agentlightning.log import configure_logging, get_logger
 
 log = get_logger("controller")
-
-
-class StartupError(Exception):
-    """The controller cannot start (bad runner setup); the message says why."""
+PROG = "agl-controller"
 
 
 def make_runner(config: ControllerConfig) -> Runner:
@@ -78,22 +75,20 @@ async def run_controller(config: ControllerConfig) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    cfg = load_cli_config("controller", sys.argv[1:] if argv is None else argv, prog="agl-controller")
+    cfg = load_cli_config("controller", sys.argv[1:] if argv is None else argv, prog=PROG)
     try:
         config = load_controller_config(cfg)
         configure_logging(config.log_level)
         for noisy in ("httpx", "httpcore", "kr8s"):  # one line per request even at info: too much
             logging.getLogger(noisy).setLevel(logging.WARNING)
     except (OmegaConfBaseException, ValueError) as exc:
-        print(f"agl-controller: bad config: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        fail(PROG, f"bad config: {exc}")
     if not config.agl_server.key:
         log.warning("no_gateway_key", hint="set agl_server.key when the Gateway has a key")
     try:
         asyncio.run(run_controller(config))
     except StartupError as exc:
-        print(f"agl-controller: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
+        fail(PROG, str(exc), 1)
 
 
 if __name__ == "__main__":

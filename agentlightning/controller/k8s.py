@@ -36,7 +36,7 @@ from agentlightning.controller.k8s_job import (
     render_job,
     shape_job,
 )
-from agentlightning.controller.runner import Handle, LaunchError, Outcome, Runner
+from agentlightning.controller.runner import Handle, LaunchError, Outcome, Runner, StartupError
 from agentlightning.log import get_logger
 from agentlightning.schemas import Rollout
 
@@ -179,8 +179,6 @@ class K8sRunner(Runner):
         except API_ERRORS as exc:
             log.warning("k8s_unreachable_at_start", error=_api_message(exc), hint="retried in the background")
         except ValueError as exc:  # no usable kubeconfig or in-cluster account
-            from agentlightning.controller.cli import StartupError
-
             raise StartupError(f"cannot configure the Kubernetes client: {exc}") from exc
         self._tasks = [
             asyncio.create_task(self._watch_loop(), name="k8s-watch"),

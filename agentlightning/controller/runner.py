@@ -49,6 +49,10 @@ class Outcome:
         return Outcome(False, message, retryable=True, never_started=True)
 
 
+class StartupError(Exception):
+    """The runner cannot start (a bad runner set-up); the message says why."""
+
+
 class LaunchError(Exception):
     """The attempt could not be started. `retryable`: an infrastructure failure."""
 

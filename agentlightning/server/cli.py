@@ -11,12 +11,14 @@ from types import FrameType
 import uvicorn
 from omegaconf.errors import OmegaConfBaseException
 
-from agentlightning.config.loader import load_cli_config
+from agentlightning.config.loader import fail, load_cli_config
 from agentlightning.log import configure_logging
 from agentlightning.server.app import create_app
 from agentlightning.server.config import load_server_config
 from agentlightning.server.state import GatewayState
 from agentlightning.server.store import StoreLocked
+
+PROG = "agl-server"
 
 
 class GatewayServer(uvicorn.Server):
@@ -40,14 +42,13 @@ class GatewayServer(uvicorn.Server):
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    cfg = load_cli_config("server", sys.argv[1:] if argv is None else argv, prog="agl-server")
+    cfg = load_cli_config("server", sys.argv[1:] if argv is None else argv, prog=PROG)
     try:
         config = load_server_config(cfg)
         configure_logging(config.log_level)
         app = create_app(config)
     except (OmegaConfBaseException, ValueError) as exc:
-        print(f"agl-server: bad config: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        fail(PROG, f"bad config: {exc}")
     server = GatewayServer(
         uvicorn.Config(
             app,
@@ -69,8 +70,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except KeyboardInterrupt:  # as uvicorn.run
         pass
     except StoreLocked as exc:
-        print(f"agl-server: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
+        fail(PROG, str(exc), 1)
     if not server.started:  # as uvicorn.run: the app failed to start (uvicorn logged why)
         raise SystemExit(3)
 

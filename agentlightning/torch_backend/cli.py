@@ -11,18 +11,19 @@ SIGTERM and Ctrl-C stop it cleanly: rollouts in flight are failed, the server is
 
 from __future__ import annotations
 
-import signal
 import sys
 from collections.abc import Sequence
-from types import FrameType
 
 from agentlightning.client import GatewayUnavailable, Unauthorized
-from agentlightning.config.loader import load_cli_config
-from agentlightning.log import configure_logging
+from agentlightning.config.loader import (
+    exit_on_interrupt,
+    fail,
+    load_cli_config,
+    setup_logging,
+    stop_on_sigterm,
+)
 
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+PROG = "agl-train"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -36,38 +37,28 @@ def main(argv: Sequence[str] | None = None) -> None:
         verl_main(args)
         return
     if backend != "torch":
-        print(f"agl-train: backend must be torch or verl, got {backend!r}", file=sys.stderr)
-        raise SystemExit(2)
-    cfg = load_cli_config("train", args, prog="agl-train", strict=False)
-    try:
-        configure_logging(str(cfg.trainer.log_level))
-    except ValueError as exc:
-        print(f"agl-train: trainer.{exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        fail(PROG, f"backend must be torch or verl, got {backend!r}")
+    cfg = load_cli_config("train", args, prog=PROG, strict=False)
+    setup_logging(PROG, str(cfg.trainer.log_level), "trainer.")
     from transformers.utils import logging as hf_logging
 
     from agentlightning.torch_backend.trainer import TorchTrainer  # torch: after the cheap checks
     from agentlightning.trainer.config import ConfigError
 
     hf_logging.disable_progress_bar()  # our own progress bar is the one to read
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop_on_sigterm()
     try:
         trainer = TorchTrainer(cfg)
-    except (ConfigError, ValueError) as exc:
-        print(f"agl-train: bad config: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+    except ValueError as exc:  # a ConfigError, or a data file that cannot be read
+        fail(PROG, f"bad config: {exc}")
     try:
-        trainer.fit()
-    except KeyboardInterrupt:
-        print("agl-train: stopped", file=sys.stderr)
-        raise SystemExit(130) from None
+        with exit_on_interrupt(PROG):
+            trainer.fit()
     except ConfigError as exc:
-        print(f"agl-train: bad config: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        fail(PROG, f"bad config: {exc}")
     except (GatewayUnavailable, Unauthorized) as exc:
         url = cfg.agentlightning.agl_base_url
-        print(f"agl-train: the Gateway at {url} (agentlightning.agl_base_url): {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
+        fail(PROG, f"the Gateway at {url} (agentlightning.agl_base_url): {exc}", 1)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """The torch backend's configuration: verl's `actor_rollout_ref.*` keys where they mean the same.
 
-One config file can drive both backends, so keys that only verl uses (`strategy`, `fsdp_config`,
-`rollout.name`, `tensor_model_parallel_size`, …) are accepted and ignored (and listed once in
-the log); a key the torch backend uses but with a wrong type fails at start-up, naming the key.
+Read in the trainer's one style (`agentlightning.trainer.config`): dataclass schemas filled by
+`load_section`, checked by their `validate()`, every key checked by `check_keys`. One config file
+can drive both backends, so verl's engine keys (`strategy`, `fsdp_config`, `rollout.name`,
+`tensor_model_parallel_size`, …) are accepted unread with one warning; any other key the torch
+backend does not read, a wrong type or a bad value fails at start-up with a `ConfigError` naming
+the key.
 """
 
 from __future__ import annotations
@@ -15,9 +18,15 @@ from omegaconf import DictConfig, OmegaConf
 from agentlightning.torch_backend.lora import LoraSettings, lora_settings
 from agentlightning.torch_backend.losses import RolloutCorrection
 from agentlightning.torch_backend.policy import ActorConfig
-from agentlightning.trainer.config import ConfigError, core_config_keys
-from agentlightning.trainer.keys import check_keys, dataclass_keys
-from agentlightning.trainer.loop_config import DataConfig, TrainerConfig, load_section
+from agentlightning.trainer.config import (
+    ConfigError,
+    DataConfig,
+    TrainerConfig,
+    check_keys,
+    core_config_keys,
+    dataclass_keys,
+    load_section,
+)
 
 
 @dataclass
@@ -100,24 +109,30 @@ class TorchBackendConfig:
         return lora_settings(self.model.lora_rank, self.model.lora_alpha, self.model.target_modules)
 
     def validate(self) -> None:
-        _ = self.lora  # a bad LoRA key fails here, naming it
+        try:
+            _ = self.lora  # a bad LoRA key fails here, naming it
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if self.rollout.n < 1:
-            raise ValueError("actor_rollout_ref.rollout.n must be at least 1")
+            raise ConfigError("actor_rollout_ref.rollout.n must be at least 1")
         if self.rollout.engine not in ("auto", "torch", "vllm"):
-            raise ValueError(
+            raise ConfigError(
                 f"actor_rollout_ref.rollout.engine must be auto, torch or vllm, got {self.rollout.engine!r}"
             )
         if self.rollout.vllm.num_servers < 1:
-            raise ValueError("actor_rollout_ref.rollout.vllm.num_servers must be at least 1")
+            raise ConfigError("actor_rollout_ref.rollout.vllm.num_servers must be at least 1")
         if self.rollout.temperature <= 0:
-            raise ValueError("actor_rollout_ref.rollout.temperature must be > 0 for training")
+            raise ConfigError("actor_rollout_ref.rollout.temperature must be > 0 for training")
         self.actor.temperature = self.rollout.temperature
         self.actor.gradient_checkpointing = self.model.enable_gradient_checkpointing
         try:
             self.actor.validate()
         except ValueError as exc:
-            raise ValueError(f"actor_rollout_ref.{exc}") from None
-        self.rollout_correction.validate()
+            raise ConfigError(f"actor_rollout_ref.{exc}") from None
+        try:
+            self.rollout_correction.validate()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def load_torch_backend_config(cfg: DictConfig | dict[str, Any] | None) -> TorchBackendConfig:

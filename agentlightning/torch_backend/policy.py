@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from agentlightning.log import get_logger
+from agentlightning.rows import TrainingRow
 from agentlightning.torch_backend import hf_compat
 from agentlightning.torch_backend.losses import (
     LOSS_MODES,
@@ -47,7 +48,6 @@ from agentlightning.torch_backend.losses import (
     rollout_correction_weights,
     token_policy_loss,
 )
-from agentlightning.trainer.rows import TrainingRow
 
 log = get_logger("torch_policy")
 

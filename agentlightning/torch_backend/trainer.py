@@ -50,9 +50,9 @@ from agentlightning.torch_backend.vllm_engine import (
     choose_engine,
     server_config,
 )
-from agentlightning.trainer import ConfigError, CoreConfig, TrainingBatch, load_core_config
+from agentlightning.trainer import ConfigError, CoreConfig, TrainingBatch
+from agentlightning.trainer.config import TrainingConfig, load_training_config
 from agentlightning.trainer.loop import TrainingLoop
-from agentlightning.trainer.loop_config import load_loop_config
 
 log = get_logger("torch_backend")
 
@@ -60,13 +60,13 @@ log = get_logger("torch_backend")
 class TorchBackend:
     """The policy and its update in this process; the built-in engine serves it."""
 
-    def __init__(self, config: DictConfig | Mapping[str, Any]) -> None:
-        cfg = config if isinstance(config, DictConfig) else OmegaConf.create(dict(config))
-        self.core: CoreConfig = load_core_config(cfg)
-        self.config: TorchBackendConfig = load_torch_backend_config(cfg)
-        loop_config = load_loop_config(cfg)[0]
-        self.torch_threads = loop_config.torch_threads
-        self.output_dir = Path(loop_config.output_dir)
+    def __init__(self, settings: TrainingConfig, config: TorchBackendConfig) -> None:
+        """`settings`: the run's parsed config (`load_training_config`); `config`: this backend's
+        block (`load_torch_backend_config`)."""
+        self.core: CoreConfig = settings.core
+        self.config = config
+        self.torch_threads = settings.trainer.torch_threads
+        self.output_dir = Path(settings.trainer.output_dir)
         self.updater: PolicyUpdater | None = None
         self.engine: TorchEngine | None = None
         self.server: InferenceServer | None = None
@@ -209,7 +209,10 @@ class TorchTrainer(TrainingLoop):
         val_dataset: Sequence[Any] | None = None,
         client: GatewayClient | None = None,
     ) -> None:
-        super().__init__(config, TorchBackend(config), train_dataset, val_dataset, client)
+        cfg = config if isinstance(config, DictConfig) else OmegaConf.create(dict(config))
+        settings = load_training_config(cfg)
+        backend = TorchBackend(settings, load_torch_backend_config(cfg))
+        super().__init__(cfg, settings, backend, train_dataset, val_dataset, client)
 
 
 def run_ppo(

@@ -1,17 +1,17 @@
 """The backend-neutral trainer core: rollouts in, shaped and weighted training rows out.
 
-No torch or verl here: each backend turns `TrainingRow`s into its own tensors.
+No torch or verl here: each backend turns `TrainingRow`s (`agentlightning.rows`, built from the
+recorded calls by `agentlightning.aggregation`, which the Gateway's dashboard shares) into its own
+tensors.
 """
 
 from agentlightning.trainer.advantage import group_advantages, rollout_advantages
-from agentlightning.trainer.aggregation import AggregationStats, RowLimits, aggregate_rollout
 from agentlightning.trainer.batch import TrainingBatch, build_training_batch
 from agentlightning.trainer.collected import CollectedRollout
 from agentlightning.trainer.collector import AsyncCollector, Collector, SyncCollector, make_collector
 from agentlightning.trainer.config import (
     AdvEstimator,
     AgentLightningConfig,
-    AggregationLevel,
     ConfigError,
     CoreConfig,
     FailedRolloutPolicy,
@@ -20,14 +20,11 @@ from agentlightning.trainer.config import (
 from agentlightning.trainer.loop import TrainerBackend, TrainingLoop
 from agentlightning.trainer.manager import Group, RolloutManager
 from agentlightning.trainer.metrics import validation_metrics
-from agentlightning.trainer.rows import TrainingRow
 from agentlightning.trainer.shaping import set_loss_weights, shape_batch, split_minibatches
 
 __all__ = [
     "AdvEstimator",
     "AgentLightningConfig",
-    "AggregationLevel",
-    "AggregationStats",
     "AsyncCollector",
     "CollectedRollout",
     "Collector",
@@ -36,13 +33,10 @@ __all__ = [
     "FailedRolloutPolicy",
     "Group",
     "RolloutManager",
-    "RowLimits",
     "SyncCollector",
     "TrainerBackend",
     "TrainingBatch",
     "TrainingLoop",
-    "TrainingRow",
-    "aggregate_rollout",
     "build_training_batch",
     "group_advantages",
     "load_core_config",

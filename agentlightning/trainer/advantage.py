@@ -22,8 +22,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 
+from agentlightning.rows import TrainingRow
 from agentlightning.trainer.config import AdvEstimator
-from agentlightning.trainer.rows import TrainingRow
 
 
 def group_advantages(

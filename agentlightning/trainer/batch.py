@@ -20,16 +20,24 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from agentlightning.aggregation import (
+    AggregationLevel,
+    AggregationStats,
+    RowLimits,
+    aggregate_calls,
+    usable_calls,
+)
 from agentlightning.log import get_logger
+from agentlightning.rewards import call_rewards, last_reward
+from agentlightning.rows import TrainingRow
 from agentlightning.trainer.advantage import (
     assign_advantages,
     rollout_advantages,
     step_advantages,
     step_returns,
 )
-from agentlightning.trainer.aggregation import AggregationStats, RowLimits, aggregate_calls, usable_calls
 from agentlightning.trainer.collected import CollectedRollout
-from agentlightning.trainer.config import AdvantageMode, AggregationLevel, CoreConfig, FailedRolloutPolicy
+from agentlightning.trainer.config import AdvantageMode, CoreConfig, FailedRolloutPolicy
 from agentlightning.trainer.gcpause import gc_paused
 from agentlightning.trainer.metrics import (
     aggregation_metrics,
@@ -37,8 +45,6 @@ from agentlightning.trainer.metrics import (
     shaping_metrics,
     staleness_metrics,
 )
-from agentlightning.trainer.rewards import call_rewards, last_reward
-from agentlightning.trainer.rows import TrainingRow
 from agentlightning.trainer.shaping import group_rows, shape_batch, split_minibatches
 from agentlightning.trainer.staleness import split_stale_groups
 

@@ -1,24 +1,31 @@
-"""The trainer core's settings, read from the one config every backend shares.
+"""The trainer's configuration: the core's settings, the loop's, and the one way every section is read.
 
-Keys that mean the same as in verl keep verl's names (`data.train_batch_size`,
-`actor_rollout_ref.rollout.n`, `actor_rollout_ref.actor.ppo_mini_batch_size`,
-`algorithm.adv_estimator`, …); everything of ours lives in the `agentlightning` block,
-whose schema is `AgentLightningConfig` below. A wrong type, a bad value or an unknown key in
-that block fails at start-up with a `ConfigError` naming the key.
+One config file drives every backend. Keys that mean the same as in verl keep verl's names
+(`data.train_batch_size`, `actor_rollout_ref.rollout.n`, `algorithm.adv_estimator`, …); everything
+of ours lives in the `agentlightning` block (`AgentLightningConfig`). The config is parsed once, by
+the loop's entry point (`load_training_config`), and the parsed settings are handed to the backend.
+
+One style for every section, here and in the backends' own blocks (`torch_backend/config.py`,
+`verl/config.py`): a section's schema is a dataclass; `load_section` fills it (a wrong type fails
+naming the key) and its `validate()` checks the values (a bad one fails naming the key); `check_keys`
+fails on a key no reader declares, with the closest one it does ("did you mean"). Every failure is
+a `ConfigError` that names the key.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from agentlightning.aggregation import AggregationLevel
 from agentlightning.log import get_logger
 
 log = get_logger("trainer_config")
@@ -28,9 +35,171 @@ class ConfigError(ValueError):
     """A bad trainer setting. The message names the key and what is wrong with it."""
 
 
-class AggregationLevel(StrEnum):
-    TRAJECTORY = "trajectory"
-    TRANSITION = "transition"
+# --- reading a section: the one style ---------------------------------------------------------
+
+
+def load_section(
+    root: DictConfig,
+    name: str,
+    schema: type,
+    unknown: Literal["ignore", "quiet", "error"] = "ignore",
+    skip: Collection[str] = (),
+) -> Any:
+    """The `schema` dataclass filled from section `name` of the config; a wrong type fails naming
+    the key. A key the schema does not declare is logged once and ignored (`ignore`: one file
+    carries every backend's keys; `check_keys` is what refuses them), ignored unlogged (`quiet`: a
+    few keys of ours in a section of verl's), or fails with a did-you-mean (`error`: a block that
+    is ours alone). Keys in `skip` belong to another reader."""
+    section = OmegaConf.select(root, name, default=None)
+    values = OmegaConf.to_container(section, resolve=True) if isinstance(section, DictConfig) else section
+    if values is None:
+        values = {}
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{name} must be a mapping of settings, got {type(values).__name__}")
+    picked, ignored = _split_known({k: v for k, v in values.items() if k not in skip}, schema)
+    if unknown == "error" and ignored:
+        known, _ = dataclass_keys(f"{name}.", schema)
+        first = f"{name}.{ignored[0]}"
+        raise ConfigError(f"{first}: not a key of {name}{did_you_mean(first, known)}")
+    ignored = [k for k in ignored if f"{name}.{k}" not in VERL_KEYS]  # the trainer core reads these
+    if ignored and unknown == "ignore":
+        log.info("config_keys_ignored", keys=sorted(f"{name}.{k}" for k in ignored))
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), picked))
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or getattr(exc, "key", None) or "?"
+        raise ConfigError(f"{name}.{key}: {str(exc).splitlines()[0]}") from None
+
+
+def _split_known(values: Any, schema: type, prefix: str = "") -> tuple[dict[str, Any], list[str]]:
+    """The part of `values` that `schema` (a dataclass) declares, and the dotted keys it does not."""
+    if not isinstance(values, dict):
+        return {}, []
+    declared = {f.name: f for f in fields(schema)}
+    picked: dict[str, Any] = {}
+    ignored: list[str] = []
+    for key, value in values.items():
+        f = declared.get(key)
+        if f is None:
+            ignored.append(f"{prefix}{key}")
+            continue
+        sub = _dataclass_type(f)
+        if sub is not None and isinstance(value, dict):
+            inner, more = _split_known(value, sub, f"{prefix}{key}.")
+            picked[key] = inner
+            ignored += more
+        else:
+            picked[key] = value
+    return picked, ignored
+
+
+def _default(f: Any) -> Any:
+    """A dataclass field's default value (built from its factory, if it has one)."""
+    return f.default_factory() if callable(f.default_factory) else f.default
+
+
+def _dataclass_type(f: Any) -> type | None:
+    value = _default(f)
+    return type(value) if is_dataclass(value) else None
+
+
+def dataclass_keys(prefix: str, cls: type, skip: Collection[str] = ()) -> tuple[set[str], set[str]]:
+    """(leaf keys, mapping keys) a dataclass schema declares, dotted under `prefix`. A mapping key
+    (a dict-valued field) holds user-chosen names below it (e.g. `env_map`)."""
+    leaves: set[str] = set()
+    maps: set[str] = set()
+    for f in fields(cls):
+        key = f"{prefix}{f.name}"
+        if key in skip:
+            continue
+        default = _default(f)
+        if is_dataclass(default):
+            more, more_maps = dataclass_keys(f"{key}.", type(default), skip)
+            leaves |= more
+            maps |= more_maps
+        elif isinstance(default, dict):
+            maps.add(key)
+        else:
+            leaves.add(key)
+    return leaves, maps
+
+
+def leaf_items(cfg: Any, prefix: str = "", maps: Collection[str] = ()) -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every leaf of a nested mapping; a key in `maps` is one leaf."""
+    if isinstance(cfg, DictConfig):
+        cfg = OmegaConf.to_container(cfg, resolve=False)
+    if not isinstance(cfg, Mapping):
+        return
+    for key, value in cfg.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value and path not in maps:
+            yield from leaf_items(value, f"{path}.", maps)
+        else:
+            yield path, value
+
+
+def did_you_mean(key: str, known: Collection[str]) -> str:
+    parent = key.rpartition(".")[0]
+    siblings = [k for k in known if k.rpartition(".")[0] == parent]
+    close = difflib.get_close_matches(key, siblings, n=1, cutoff=0.75) or difflib.get_close_matches(
+        key, list(known), n=1, cutoff=0.85
+    )
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def check_keys(
+    cfg: DictConfig | Mapping[str, Any],
+    backend: str,
+    read: Collection[str],
+    maps: Collection[str] = (),
+    compat: Callable[[str, Any], str | None] | None = None,
+) -> dict[str, str]:
+    """No silent no-ops: fail on any key the backend neither reads (`read`, and the user-named keys
+    under `maps`) nor accepts unread (`compat` returns the reason: v1.0 compatibility, a v1.0 config
+    is a verl config and its engine keys say how verl runs, not what it computes). The failure names
+    the key and the backend, with the closest key it reads ("did you mean"). Returns the
+    accepted-unread keys (`key -> reason`), which are logged once as a warning."""
+    unknown: list[str] = []
+    accepted: dict[str, str] = {}
+    for key, value in leaf_items(cfg, maps=maps):
+        if key in read or any(key.startswith(f"{m}.") or key == m for m in maps):
+            continue
+        reason = compat(key, value) if compat is not None else None
+        if reason is not None:
+            accepted[key] = reason
+        else:
+            unknown.append(key)
+    if unknown:
+        first = unknown[0]
+        more = f"; also not read: {', '.join(unknown[1:])}" if len(unknown) > 1 else ""
+        raise ConfigError(
+            f"{first}: not a key the {backend} backend reads{did_you_mean(first, read)}{more}. "
+            "Every key must do something: remove it or fix its name (docs/training.md#configuration)"
+        )
+    if accepted:
+        log.warning(f"config_keys_not_read_by_{backend}_backend", keys=accepted)
+    return accepted
+
+
+def _int(key: str, value: Any, minimum: int, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{key} must be >= {minimum}, got {value}")
+    return value
+
+
+def _choice(key: str, value: str, enum: type[StrEnum]) -> Any:
+    try:
+        return enum(value)
+    except ValueError:
+        choices = ", ".join(e.value for e in enum)
+        raise ConfigError(f"{key} must be one of {choices}, got {value!r}") from None
+
+
+# --- the core's choices ----------------------------------------------------------------------
 
 
 class AdvEstimator(StrEnum):
@@ -125,6 +294,58 @@ class AgentLightningConfig:
     stale_policy: str = StalePolicy.DROP.value  # checked into a StalePolicy
     advantage_mode: str = AdvantageMode.ROLLOUT.value  # checked into an AdvantageMode
 
+    def validate(self) -> None:
+        """Check the values (the types are the schema's); turn the choices into their enums."""
+        self.trace_aggregator.level = _choice(
+            "agentlightning.trace_aggregator.level", self.trace_aggregator.level, AggregationLevel
+        )
+        self.failed_rollouts = _choice(
+            "agentlightning.failed_rollouts", self.failed_rollouts, FailedRolloutPolicy
+        )
+        self.stale_policy = _choice("agentlightning.stale_policy", self.stale_policy, StalePolicy)
+        self.advantage_mode = _choice("agentlightning.advantage_mode", self.advantage_mode, AdvantageMode)
+        _int("agentlightning.max_staleness", self.max_staleness, 0, allow_none=True)
+
+        def positive(key: str, value: float) -> None:
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ConfigError(f"agentlightning.{key} must be a positive number, got {value!r}")
+
+        positive("rollout_timeout_seconds", self.rollout_timeout_seconds)
+        positive("poll_wait_seconds", self.poll_wait_seconds)
+        positive("adv_epsilon", self.adv_epsilon)
+        positive("async_rollout.drain_timeout_seconds", self.async_rollout.drain_timeout_seconds)
+        if self.rollout_grace_seconds < 0:
+            raise ConfigError(
+                f"agentlightning.rollout_grace_seconds must be >= 0, got {self.rollout_grace_seconds}"
+            )
+        if self.async_rollout.pause_retry_after_seconds < 0:
+            raise ConfigError("agentlightning.async_rollout.pause_retry_after_seconds must be >= 0")
+        if not math.isfinite(self.reward_fillna_value):
+            raise ConfigError("agentlightning.reward_fillna_value must be a finite number")
+        _int("agentlightning.fetch_concurrency", self.fetch_concurrency, 1)
+        _int("agentlightning.max_ppo_update_times", self.max_ppo_update_times, 1, allow_none=True)
+        agg = self.trace_aggregator
+        _int(
+            "agentlightning.trace_aggregator.trajectory_max_prompt_length",
+            agg.trajectory_max_prompt_length,
+            1,
+            True,
+        )
+        _int(
+            "agentlightning.trace_aggregator.trajectory_max_response_length",
+            agg.trajectory_max_response_length,
+            1,
+            True,
+        )
+        if not self.model_name:
+            raise ConfigError(
+                "agentlightning.model_name must not be empty: it is the model name the proxy routes by"
+            )
+        if self.hooks and not Path(self.hooks).is_file():
+            raise ConfigError(f"agentlightning.hooks: no such file: {self.hooks!r}")
+        if self.local.agent_class is not None and not self.local.agent_class.strip():
+            raise ConfigError("agentlightning.local.agent_class must be module.Class or module:Class, got ''")
+
 
 # --- the resolved settings ------------------------------------------------------------------
 
@@ -204,90 +425,6 @@ def _plain(cfg: DictConfig | Mapping[str, Any] | None) -> DictConfig:
     return OmegaConf.create(dict(cfg))
 
 
-def _load_agl_block(raw: Any, backend_keys: Collection[str]) -> AgentLightningConfig:
-    block = OmegaConf.to_container(raw, resolve=True) if isinstance(raw, DictConfig) else raw
-    if block is None:
-        block = {}
-    if not isinstance(block, Mapping):
-        raise ConfigError(f"agentlightning must be a mapping of settings, got {type(block).__name__}")
-    ours = {k: v for k, v in block.items() if k not in backend_keys}
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(AgentLightningConfig), ours)
-        return OmegaConf.to_object(merged)  # type: ignore[return-value]
-    except OmegaConfBaseException as exc:
-        key = getattr(exc, "full_key", None) or getattr(exc, "key", None) or "?"
-        msg = str(exc).splitlines()[0]
-        raise ConfigError(f"agentlightning.{key}: {msg}") from None
-
-
-def _int(key: str, value: Any, minimum: int, allow_none: bool = False) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{key} must be an integer, got {value!r}")
-    if value < minimum:
-        raise ConfigError(f"{key} must be >= {minimum}, got {value}")
-    return value
-
-
-def _choice(key: str, value: str, enum: type[StrEnum]) -> Any:
-    try:
-        return enum(value)
-    except ValueError:
-        choices = ", ".join(e.value for e in enum)
-        raise ConfigError(f"{key} must be one of {choices}, got {value!r}") from None
-
-
-def _check_agl(agl: AgentLightningConfig) -> None:
-    agl.trace_aggregator.level = _choice(
-        "agentlightning.trace_aggregator.level", agl.trace_aggregator.level, AggregationLevel
-    )
-    agl.failed_rollouts = _choice("agentlightning.failed_rollouts", agl.failed_rollouts, FailedRolloutPolicy)
-    agl.stale_policy = _choice("agentlightning.stale_policy", agl.stale_policy, StalePolicy)
-    agl.advantage_mode = _choice("agentlightning.advantage_mode", agl.advantage_mode, AdvantageMode)
-    _int("agentlightning.max_staleness", agl.max_staleness, 0, allow_none=True)
-
-    def positive(key: str, value: float) -> None:
-        if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-            raise ConfigError(f"agentlightning.{key} must be a positive number, got {value!r}")
-
-    positive("rollout_timeout_seconds", agl.rollout_timeout_seconds)
-    positive("poll_wait_seconds", agl.poll_wait_seconds)
-    positive("adv_epsilon", agl.adv_epsilon)
-    positive("async_rollout.drain_timeout_seconds", agl.async_rollout.drain_timeout_seconds)
-    if agl.rollout_grace_seconds < 0:
-        raise ConfigError(
-            f"agentlightning.rollout_grace_seconds must be >= 0, got {agl.rollout_grace_seconds}"
-        )
-    if agl.async_rollout.pause_retry_after_seconds < 0:
-        raise ConfigError("agentlightning.async_rollout.pause_retry_after_seconds must be >= 0")
-    if not math.isfinite(agl.reward_fillna_value):
-        raise ConfigError("agentlightning.reward_fillna_value must be a finite number")
-    _int("agentlightning.fetch_concurrency", agl.fetch_concurrency, 1)
-    _int("agentlightning.max_ppo_update_times", agl.max_ppo_update_times, 1, allow_none=True)
-    agg = agl.trace_aggregator
-    _int(
-        "agentlightning.trace_aggregator.trajectory_max_prompt_length",
-        agg.trajectory_max_prompt_length,
-        1,
-        True,
-    )
-    _int(
-        "agentlightning.trace_aggregator.trajectory_max_response_length",
-        agg.trajectory_max_response_length,
-        1,
-        True,
-    )
-    if not agl.model_name:
-        raise ConfigError(
-            "agentlightning.model_name must not be empty: it is the model name the proxy routes by"
-        )
-    if agl.hooks and not Path(agl.hooks).is_file():
-        raise ConfigError(f"agentlightning.hooks: no such file: {agl.hooks!r}")
-    if agl.local.agent_class is not None and not agl.local.agent_class.strip():
-        raise ConfigError("agentlightning.local.agent_class must be module.Class or module:Class, got ''")
-
-
 def load_core_config(
     cfg: DictConfig | Mapping[str, Any] | None = None, backend_keys: Collection[str] = ()
 ) -> CoreConfig:
@@ -297,8 +434,10 @@ def load_core_config(
     the core ignores them instead of rejecting them as unknown.
     """
     root = _plain(cfg)
-    agl = _load_agl_block(OmegaConf.select(root, "agentlightning", default=None), backend_keys)
-    _check_agl(agl)
+    agl: AgentLightningConfig = load_section(
+        root, "agentlightning", AgentLightningConfig, unknown="error", skip=backend_keys
+    )
+    agl.validate()
     values: dict[str, Any] = {}
     for path, (name, default) in VERL_KEYS.items():
         value = OmegaConf.select(root, path, default=default)
@@ -398,15 +537,77 @@ def load_core_config(
 
 def core_config_keys() -> list[str]:
     """Every key the core reads, dotted, for documentation and `--help`."""
-    keys = list(VERL_KEYS) + list(FIXED_VERL_KEYS)
+    leaves, maps = dataclass_keys("agentlightning.", AgentLightningConfig)
+    return list(VERL_KEYS) + list(FIXED_VERL_KEYS) + sorted(leaves | maps)
 
-    def walk(prefix: str, cls: type) -> None:
-        for f in fields(cls):
-            default = f.default_factory() if callable(f.default_factory) else f.default
-            if hasattr(default, "__dataclass_fields__"):
-                walk(f"{prefix}{f.name}.", type(default))
-            else:
-                keys.append(f"{prefix}{f.name}")
 
-    walk("agentlightning.", AgentLightningConfig)
-    return keys
+# --- the loop's sections -----------------------------------------------------------------------
+
+
+@dataclass
+class TrainerConfig:
+    """`trainer.*` (verl names where they mean the same)."""
+
+    total_epochs: int = 1
+    total_training_steps: int | None = None  # None: total_epochs × (train samples // train_batch_size)
+    test_freq: int = 5  # validate every this many steps (and after the last); <= 0: only before and after
+    save_freq: int = 10  # checkpoint every this many steps (and after the last); <= 0: never
+    val_before_train: bool = True
+    project_name: str = "agentlightning"
+    experiment_name: str = "run"
+    default_local_dir: str = "checkpoints"  # where checkpoints go
+    resume_mode: str = "auto"  # auto (the latest checkpoint, if any) | disable | resume_path
+    resume_from_path: str | None = None  # a global_step_N directory, for resume_mode=resume_path
+    max_actor_ckpt_to_keep: int | None = 2  # None: keep all
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
+    # Ours:
+    output_dir: str = "."  # metrics.jsonl, tensorboard/
+    torch_threads: int = 0  # torch's intra-op threads; 0: torch's default
+    log_level: str = "info"
+
+    def validate(self) -> None:
+        if self.total_epochs < 1:
+            raise ConfigError(f"trainer.total_epochs must be >= 1, got {self.total_epochs}")
+        if self.total_training_steps is not None and self.total_training_steps < 1:
+            raise ConfigError(f"trainer.total_training_steps must be >= 1, got {self.total_training_steps}")
+        if self.resume_mode not in ("auto", "disable", "resume_path"):
+            raise ConfigError(
+                f"trainer.resume_mode must be auto, disable or resume_path, got {self.resume_mode!r}"
+            )
+        if self.resume_mode == "resume_path" and not self.resume_from_path:
+            raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path")
+        if self.torch_threads < 0:
+            raise ConfigError(f"trainer.torch_threads must be >= 0, got {self.torch_threads}")
+
+
+@dataclass
+class DataConfig:
+    """`data.*` read by the loop (the batch size and length limits are the trainer core's)."""
+
+    train_files: Any = None  # a .jsonl / .json / .parquet path or a list of them
+    val_files: Any = None
+    shuffle: bool = True
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """A training config, parsed once (`load_training_config`): the core's settings and the loop's.
+    The loop hands it to the backend, which reads its own block with its own loader."""
+
+    core: CoreConfig
+    trainer: TrainerConfig
+    data: DataConfig
+
+
+def load_training_config(
+    cfg: DictConfig | Mapping[str, Any] | None, backend_keys: Collection[str] = ()
+) -> TrainingConfig:
+    """The core's settings (`load_core_config`), `trainer.*` and the loop's `data.*`. Keys of the
+    loop's sections that it does not read are left to the backend's `check_keys`."""
+    root = _plain(cfg)
+    core = load_core_config(root, backend_keys)
+    trainer: TrainerConfig = load_section(root, "trainer", TrainerConfig)
+    data: DataConfig = load_section(root, "data", DataConfig)
+    trainer.validate()
+    return TrainingConfig(core, trainer, data)

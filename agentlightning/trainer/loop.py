@@ -38,9 +38,8 @@ from agentlightning.trainer.checkpoint import (
     set_python_rng_state,
 )
 from agentlightning.trainer.collector import make_collector
-from agentlightning.trainer.config import ConfigError, CoreConfig, load_core_config
+from agentlightning.trainer.config import ConfigError, CoreConfig, DataConfig, TrainerConfig, TrainingConfig
 from agentlightning.trainer.data import DataCursor, load_files
-from agentlightning.trainer.loop_config import DataConfig, TrainerConfig, load_loop_config
 from agentlightning.trainer.manager import RolloutManager
 from agentlightning.trainer.metrics import validation_metrics
 from agentlightning.trainer.tracking import Tracker
@@ -78,23 +77,26 @@ class TrainerBackend(Protocol):
 
 
 class TrainingLoop:
-    """The loop over one Gateway (`agentlightning.agl_base_url`) and its controller's agents."""
+    """The loop over one Gateway (`agentlightning.agl_base_url`) and its controller's agents.
+
+    `config` is the run's config as given (recorded with its metrics and checkpoints); `settings`
+    the same parsed once by the entry point (`load_training_config`), which also hands the backend
+    its parsed block."""
 
     def __init__(
         self,
         config: DictConfig | Mapping[str, Any],
+        settings: TrainingConfig,
         backend: TrainerBackend,
         train_dataset: Sequence[Any] | None = None,
         val_dataset: Sequence[Any] | None = None,
         client: GatewayClient | None = None,
     ) -> None:
-        cfg = config if isinstance(config, DictConfig) else OmegaConf.create(dict(config))
-        self.config = cfg
+        self.config = config if isinstance(config, DictConfig) else OmegaConf.create(dict(config))
         self.backend = backend
-        self.core: CoreConfig = load_core_config(cfg)
-        self.loop: TrainerConfig
-        self.data_config: DataConfig
-        self.loop, self.data_config = load_loop_config(cfg)
+        self.core: CoreConfig = settings.core
+        self.loop: TrainerConfig = settings.trainer
+        self.data_config: DataConfig = settings.data
         train = list(train_dataset) if train_dataset is not None else None
         if train is None:
             train = load_files(self.data_config.train_files, "data.train_files")

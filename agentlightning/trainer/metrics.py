@@ -8,11 +8,11 @@ from collections import Counter
 from collections.abc import Sequence
 from itertools import compress
 
+from agentlightning.aggregation import AggregationStats
+from agentlightning.rewards import last_reward
+from agentlightning.rows import TrainingRow
 from agentlightning.schemas import EVENT_MODEL_REQUEST
-from agentlightning.trainer.aggregation import AggregationStats
 from agentlightning.trainer.collected import CollectedRollout
-from agentlightning.trainer.rewards import last_reward
-from agentlightning.trainer.rows import TrainingRow
 from agentlightning.trainer.shaping import ShapeStats, group_rows
 
 

@@ -28,7 +28,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from agentlightning.trainer.rows import TrainingRow
+from agentlightning.rows import TrainingRow
 
 
 def group_rows(rows: Sequence[TrainingRow]) -> dict[str, list[TrainingRow]]:

@@ -77,15 +77,16 @@ class VerlBackend:
 
     def __init__(
         self,
-        config: DictConfig | Mapping[str, Any],
+        core: CoreConfig,
+        ours: VerlBackendConfig,
+        view: DictConfig,
         client: GatewayClient | None = None,
         workers: WorkersFactory = _verl_workers,
     ) -> None:
-        cfg = config if isinstance(config, DictConfig) else OmegaConf.create(dict(config))
-        self.core: CoreConfig
-        self.ours: VerlBackendConfig
-        self.view: DictConfig
-        self.core, self.ours, self.view = validate(cfg)
+        """The parsed config (`validate`): the core's settings, ours, and the config verl sees."""
+        self.core = core
+        self.ours = ours
+        self.view = view
         self._make_workers = workers
         self._own_client = client is None
         self.client = client or GatewayClient(self.core.agl.agl_base_url, self.core.agl.agl_key)
@@ -206,7 +207,9 @@ class VerlTrainer(TrainingLoop):
         workers: WorkersFactory = _verl_workers,
     ) -> None:
         cfg = compose_config(config if isinstance(config, DictConfig) else OmegaConf.create(dict(config)))
-        super().__init__(cfg, VerlBackend(cfg, client, workers), train_dataset, val_dataset, client)
+        settings, ours, view = validate(cfg)
+        backend = VerlBackend(settings.core, ours, view, client, workers)
+        super().__init__(cfg, settings, backend, train_dataset, val_dataset, client)
 
 
 def run_ppo(

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from verl import DataProto
 
-from agentlightning.trainer.rows import TrainingRow
+from agentlightning.rows import TrainingRow
 
 PADDING_ROLLOUT_ID = ""  # rollout_id of a padding row in the batch's non-tensor `rollout_id`
 ROUTES_DTYPE = torch.int16  # as verl's agent loop (expert indices beyond uint8's 255 exist)

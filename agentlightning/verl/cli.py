@@ -10,67 +10,44 @@ stop it cleanly: rollouts in flight are failed, Ray is shut down.
 
 from __future__ import annotations
 
-import signal
-import sys
 from collections.abc import Sequence
-from pathlib import Path
-from types import FrameType
 
-from omegaconf import OmegaConf
+from omegaconf import ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from agentlightning.client import GatewayUnavailable, Unauthorized
-from agentlightning.log import configure_logging
+from agentlightning.config.loader import config_args, exit_on_interrupt, fail, setup_logging, stop_on_sigterm
 
 PROG = "agl-train backend=verl"
 
 
-def _fail(message: str, code: int = 2) -> None:
-    print(f"{PROG}: {message}", file=sys.stderr)
-    raise SystemExit(code)
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: Sequence[str]) -> None:
-    args = list(argv)
     try:
         from agentlightning.verl.version import check_verl_version
 
         check_verl_version()
     except ImportError as exc:
-        _fail(str(exc))
+        fail(PROG, str(exc))
     from agentlightning.trainer.config import ConfigError
     from agentlightning.verl.backend import VerlTrainer
     from agentlightning.verl.config import compose_config
 
-    user = None
-    if "--config" in args:
-        i = args.index("--config")
-        if i + 1 >= len(args):
-            _fail("--config needs a file")
-        path = Path(args[i + 1])
-        del args[i : i + 2]
-        if not path.is_file():
-            _fail(f"config file {path} does not exist")
-        user = OmegaConf.load(path)
-    bad = [a for a in args if "=" not in a or a.startswith("-")]
-    if bad:
-        _fail(f"arguments must be key=value overrides, got {bad[0]!r}")
+    user_file, overrides = config_args(argv, PROG)
     try:
-        cfg = compose_config(user, [f"{a}''" if a.endswith("=") else a for a in args])
-        configure_logging(str(cfg.trainer.log_level))
+        user = OmegaConf.load(user_file) if user_file is not None else None
+        if isinstance(user, ListConfig):
+            fail(PROG, f"bad config: {user_file} holds a list, not a mapping of settings")
+        cfg = compose_config(user, overrides)
     except (OmegaConfBaseException, ValueError) as exc:
-        _fail(f"bad config: {exc}")
-    signal.signal(signal.SIGTERM, _interrupt)
+        fail(PROG, f"bad config: {exc}")
+    setup_logging(PROG, str(cfg.trainer.log_level), "trainer.")
+    stop_on_sigterm()
     try:
-        trainer = VerlTrainer(cfg)
-        trainer.fit()
-    except KeyboardInterrupt:
-        _fail("stopped", 130)
+        with exit_on_interrupt(PROG):
+            VerlTrainer(cfg).fit()
     except ConfigError as exc:
-        _fail(f"bad config: {exc}")
+        fail(PROG, f"bad config: {exc}")
     except (GatewayUnavailable, Unauthorized) as exc:
-        _fail(f"the Gateway at {cfg.agentlightning.agl_base_url} (agentlightning.agl_base_url): {exc}", 1)
+        fail(
+            PROG, f"the Gateway at {cfg.agentlightning.agl_base_url} (agentlightning.agl_base_url): {exc}", 1
+        )

@@ -5,15 +5,17 @@ path `pkg://verl/trainer/config`, then ours) and merges a user config over it. A
 for the torch backend also works: keys verl does not know (the torch engine's `rollout.device`,
 `trainer.torch_threads`, …) are left out of the view verl sees (`verl_view`) and logged once.
 
-`validate` checks, in this order: the trainer core's keys (`load_core_config`), the loss set-up
-the per-rollout mean needs, our backend keys, then verl's own `validate_config` on the verl view —
-and turns every failure into a `ConfigError` naming the key.
+`validate` checks, in this order: the trainer's keys (`load_training_config`), the loss set-up
+the per-rollout mean needs, our backend keys (in the trainer's one style: a dataclass schema read
+by `load_section` and its `validate()`), then verl's own `validate_config` on the verl view — and
+turns every failure into a `ConfigError` naming the key. The torch backend's keys are known from
+its packaged config (`agentlightning/config/train.yaml`), not from its code: verl does not import
+the torch backend.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,7 +27,14 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from agentlightning.log import get_logger
-from agentlightning.trainer.config import ConfigError, CoreConfig, load_core_config
+from agentlightning.trainer.config import (
+    ConfigError,
+    TrainingConfig,
+    did_you_mean,
+    leaf_items,
+    load_section,
+    load_training_config,
+)
 from agentlightning.verl.loss import LOSS_AGG_MODE, WEIGHTED_LOSSES
 
 log = get_logger("verl_config")
@@ -40,12 +49,19 @@ OUR_KEYS = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass
 class VerlBackendConfig:
-    """What the backend reads beyond the core and verl."""
+    """What the backend reads beyond the core and verl: our keys in `actor_rollout_ref.actor`."""
 
     old_log_prob_source: str = "rollout"  # rollout | recompute
     tis_imp_ratio_cap: float = -1.0
+
+    def validate(self) -> None:
+        if self.old_log_prob_source not in ("rollout", "recompute"):
+            raise ConfigError(
+                "actor_rollout_ref.actor.old_log_prob_source must be rollout or recompute, "
+                f"got {self.old_log_prob_source!r}"
+            )
 
 
 @functools.cache
@@ -98,22 +114,15 @@ def _unknown_keys(cfg: Any, known: Any, prefix: str = "") -> list[str]:
 
 
 @functools.cache
+def _torch_defaults() -> DictConfig:
+    """The torch backend's packaged config: the keys only it reads, at values that ask it for nothing."""
+    return OmegaConf.load(_TRAIN_YAML)  # type: ignore[return-value]  # a mapping file: a DictConfig
+
+
+@functools.cache
 def _torch_backend_keys() -> frozenset[str]:
-    """Every `actor_rollout_ref.*` key the torch backend's config declares, dotted."""
-    from agentlightning.torch_backend.config import TorchBackendConfig
-
-    keys: set[str] = set()
-
-    def walk(prefix: str, cls: type) -> None:
-        for f in dataclasses.fields(cls):
-            default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
-            if dataclasses.is_dataclass(default):
-                walk(f"{prefix}{f.name}.", type(default))
-            else:
-                keys.add(f"{prefix}{f.name}")
-
-    walk("actor_rollout_ref.", TorchBackendConfig)
-    return frozenset(keys)
+    """Every key of the torch backend's packaged config, dotted."""
+    return frozenset(key for key, _ in leaf_items(_torch_defaults()))
 
 
 def verl_view(cfg: DictConfig) -> DictConfig:
@@ -138,7 +147,7 @@ def verl_view(cfg: DictConfig) -> DictConfig:
     # Keys only the torch backend reads (its engine's host, port, device, …) are dropped; any
     # other key goes on to verl, which knows fields its yaml does not list (and refuses bad ones).
     torch_only = _torch_backend_keys()
-    dropped = [k for k in unknown if k in torch_only]
+    dropped = [k for k in unknown if k in torch_only and k.startswith("actor_rollout_ref.")]
     for key in dropped:
         parent, _, leaf = key.rpartition(".")
         node = OmegaConf.select(view, parent) if parent else view
@@ -153,15 +162,12 @@ def check_verl_keys(cfg: DictConfig) -> None:
     """Every key is read by the verl backend (verl's own, ours, the core's), or start-up fails naming
     it. A key only the torch backend reads is accepted at the torch default (one file drives both
     backends; `verl_view` leaves it out, logged) and fails set to anything else."""
-    from agentlightning.torch_backend.config import torch_read_keys
-    from agentlightning.trainer.keys import did_you_mean, leaf_items
-
     plain = OmegaConf.to_container(cfg, resolve=False)
     assert isinstance(plain, dict)
     plain.pop("agentlightning", None)  # the core checks its own block
     unknown = [k for k in _unknown_keys(plain, _packaged_keys()) if not _free_form(k)]
-    torch_read, _ = torch_read_keys()
-    torch_defaults = OmegaConf.load(_TRAIN_YAML)
+    torch_read = _torch_backend_keys()
+    torch_defaults = _torch_defaults()
     missing = object()
     bad: list[str] = []
     for key in unknown:
@@ -190,15 +196,9 @@ def check_verl_keys(cfg: DictConfig) -> None:
 
 
 def load_backend_config(cfg: DictConfig) -> VerlBackendConfig:
-    source = OmegaConf.select(cfg, "actor_rollout_ref.actor.old_log_prob_source", default="rollout")
-    cap = OmegaConf.select(cfg, "actor_rollout_ref.actor.tis_imp_ratio_cap", default=-1.0)
-    if source not in ("rollout", "recompute"):
-        raise ConfigError(
-            f"actor_rollout_ref.actor.old_log_prob_source must be rollout or recompute, got {source!r}"
-        )
-    if isinstance(cap, bool) or not isinstance(cap, int | float):
-        raise ConfigError(f"actor_rollout_ref.actor.tis_imp_ratio_cap must be a number, got {cap!r}")
-    return VerlBackendConfig(str(source), float(cap))
+    ours: VerlBackendConfig = load_section(cfg, "actor_rollout_ref.actor", VerlBackendConfig, unknown="quiet")
+    ours.validate()
+    return ours
 
 
 def _check_loss(cfg: DictConfig) -> None:
@@ -243,12 +243,13 @@ def _check_loss(cfg: DictConfig) -> None:
         raise ConfigError("actor_rollout_ref.rollout.name must be vllm: the verl backend serves with vLLM")
 
 
-def validate(cfg: DictConfig) -> tuple[CoreConfig, VerlBackendConfig, DictConfig]:
-    """The core's settings, ours and the config verl sees; ConfigError naming the key when bad."""
+def validate(cfg: DictConfig) -> tuple[TrainingConfig, VerlBackendConfig, DictConfig]:
+    """The trainer's settings (parsed once here, for the loop and the backend), ours and the config
+    verl sees; ConfigError naming the key when bad."""
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
-    core = load_core_config(cfg)
+    settings = load_training_config(cfg)
     check_verl_keys(cfg)
     _check_loss(cfg)
     ours = load_backend_config(cfg)
@@ -261,7 +262,7 @@ def validate(cfg: DictConfig) -> tuple[CoreConfig, VerlBackendConfig, DictConfig
         raise ConfigError(f"verl rejects the config: {exc}") from None
     except Exception as exc:  # hydra's InstantiationException wraps verl's dataclass checks
         raise ConfigError(f"verl rejects the config: {str(exc).splitlines()[0]}") from None
-    return core, ours, view
+    return settings, ours, view
 
 
 def router_replay_mode(view: DictConfig) -> str:

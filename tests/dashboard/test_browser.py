@@ -18,10 +18,10 @@ from typing import Any
 import httpx
 import pytest
 
+from agentlightning.aggregation import AggregationStats, aggregate_rollout
 from agentlightning.client import GatewayClient
 from agentlightning.procs import ManagedProcess
 from agentlightning.schemas import Model
-from agentlightning.trainer.aggregation import AggregationStats, aggregate_rollout
 from tests.conftest import RunningGateway, start_gateway
 from tests.controller.helpers import GATEWAY_OVERRIDES, local_config, start_controller, wait_terminal
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCall

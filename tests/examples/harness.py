@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentlightning.aggregation import AggregationStats, aggregate_rollout, usable_calls
 from agentlightning.client import GatewayClient
 from agentlightning.launch import Service, start_controller, start_gateway
+from agentlightning.rows import TrainingRow
 from agentlightning.schemas import Model
-from agentlightning.trainer.aggregation import AggregationStats, aggregate_rollout, usable_calls
-from agentlightning.trainer.rows import TrainingRow
 from tests.examples.scripted_model import Policy, ScriptedChatModel, decode
 
 REPO = Path(__file__).resolve().parents[2]
@@ -190,7 +190,7 @@ def _snippet(ids: list[int], at: int, width: int = 8) -> str:
 def first_merge_break(calls: list[dict[str, Any]]) -> str | None:
     """Where trajectory aggregation first had to open a new row, and why, in words; None if all merged.
 
-    Same walk as the trainer core (`agentlightning.trainer.aggregation`): a call extends the row
+    Same walk as the trainer core (`agentlightning.aggregation`): a call extends the row
     when its prompt begins with the row's tokens so far (previous prompt + response)."""
     usable = usable_calls(calls, AggregationStats())
     if not usable:

@@ -12,8 +12,7 @@ from types import ModuleType
 import pytest
 
 from agentlightning.torch_backend.config import load_torch_backend_config
-from agentlightning.trainer.config import load_core_config
-from agentlightning.trainer.loop_config import load_loop_config
+from agentlightning.trainer.config import load_core_config, load_training_config
 from tests.examples.harness import EXAMPLES
 
 
@@ -58,7 +57,7 @@ def test_calc_x_settings_on_the_base_config() -> None:
     assert core.train_batch_size == 32 and core.rollout_n == 4
     assert "{{ input.question | yaml_escape }}" in (core.job_template() or "")
     load_torch_backend_config(cfg)
-    load_loop_config(cfg)
+    load_training_config(cfg)
 
 
 def test_async_keeps_twice_the_batch_in_flight() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agentlightning.trainer.aggregation import AggregationStats, aggregate_rollout
+from agentlightning.aggregation import AggregationStats, aggregate_rollout
 from tests.examples.harness import first_merge_break
 from tests.examples.scripted_model import (
     build_tokenizer,

@@ -16,9 +16,9 @@ import httpx
 import openai
 import pytest
 
+from agentlightning.aggregation import AggregationStats, aggregate_rollout
 from agentlightning.client import GatewayClient
 from agentlightning.schemas import Model, RolloutCreate
-from agentlightning.trainer.aggregation import AggregationStats, aggregate_rollout
 from tests.conftest import RunningGateway, start_gateway
 from tests.fakes.model_server import END, FakeModelServer, Reply, ToolCall, chat_prompt_ids
 

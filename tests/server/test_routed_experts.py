@@ -12,13 +12,12 @@ from typing import Any
 import httpx
 import pytest
 
+from agentlightning.aggregation import AggregationLevel, aggregate_rollout
 from agentlightning.client import GatewayClient, expand_prompt_refs
 from agentlightning.schemas import Model, Rollout, RolloutCreate
 from agentlightning.server.proxy.experts import RouteIndex
 from agentlightning.server.store import MemoryStore, RolloutNotFound, Store
 from agentlightning.server.store.sqlite import SqliteStore
-from agentlightning.trainer.aggregation import aggregate_rollout
-from agentlightning.trainer.config import AggregationLevel
 from tests.conftest import RunningGateway, start_gateway
 from tests.fakes.model_server import FakeModelServer, Reply, chat_prompt_ids, encode_routes, routes_for
 

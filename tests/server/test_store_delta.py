@@ -21,14 +21,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agentlightning.aggregation import AggregationLevel, aggregate_rollout
 from agentlightning.client import PromptIds, expand_prompt_refs
 from agentlightning.schemas import Rollout
 from agentlightning.server.events import appended_event, make_record, render_events
 from agentlightning.server.store import MemoryStore, SqliteStore, Store
 from agentlightning.server.store import delta as delta_mod
 from agentlightning.server.store.delta import PH_MESSAGES, CallIndex
-from agentlightning.trainer.aggregation import aggregate_rollout
-from agentlightning.trainer.config import AggregationLevel
 
 ATTEMPTS = ("a1", "a2", "a3")
 TOKEN = st.integers(0, 40)  # a small vocabulary: accidental shared prefixes happen

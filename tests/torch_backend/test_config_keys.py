@@ -18,8 +18,7 @@ from agentlightning.torch_backend.config import (
     load_torch_backend_config,
     torch_read_keys,
 )
-from agentlightning.trainer.config import ConfigError, load_core_config
-from agentlightning.trainer.keys import leaf_items
+from agentlightning.trainer.config import ConfigError, leaf_items, load_core_config
 
 PKG = Path(__file__).resolve().parents[2] / "agentlightning"
 
@@ -102,7 +101,7 @@ def test_agl_train_refuses_a_misspelt_key_before_anything_starts(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # keep the process's logging as it is (configured here it would print to capsys' closed stream later)
-    monkeypatch.setattr("agentlightning.torch_backend.cli.configure_logging", lambda level: None)
+    monkeypatch.setattr("agentlightning.config.loader.configure_logging", lambda level: None)
     with pytest.raises(SystemExit) as exit_:
         agl_train(
             ["actor_rollout_ref.rollout.temprature=0.7", "agentlightning.agl_base_url=http://127.0.0.1:9"]

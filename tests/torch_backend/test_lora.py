@@ -25,7 +25,7 @@ from agentlightning.torch_backend.lora import (
 )
 from agentlightning.torch_backend.policy import ActorConfig, OptimConfig, PolicyUpdater
 from agentlightning.torch_backend.trainer import TorchBackend
-from agentlightning.trainer.config import ConfigError
+from agentlightning.trainer.config import ConfigError, load_training_config
 from agentlightning.trainer.shaping import set_loss_weights
 
 from .test_policy import make_row, toy_rows, with_rollout_log_probs
@@ -136,8 +136,8 @@ def test_verl_style_keys_are_read() -> None:
     assert not load_torch_backend_config({}).lora.enabled  # 0: full fine-tuning, the default
 
 
-def backend_config(tmp_path: Path, **model: Any) -> Any:
-    return OmegaConf.create(
+def make_backend(tmp_path: Path, **model: Any) -> TorchBackend:
+    cfg = OmegaConf.create(
         {
             "actor_rollout_ref": {
                 "model": {"path": "demo", "lora_rank": 4, "lora_alpha": 8, **model},
@@ -147,10 +147,11 @@ def backend_config(tmp_path: Path, **model: Any) -> Any:
             "trainer": {"output_dir": str(tmp_path / "run"), "torch_threads": 0},
         }
     )
+    return TorchBackend(load_training_config(cfg), load_torch_backend_config(cfg))
 
 
 def test_the_backend_checkpoints_the_adapter_and_resumes_from_it(tmp_path: Path) -> None:
-    first = TorchBackend(backend_config(tmp_path))
+    first = make_backend(tmp_path)
     first.start(0, 0, 2, None)
     try:
         assert first.updater is not None
@@ -169,7 +170,7 @@ def test_the_backend_checkpoints_the_adapter_and_resumes_from_it(tmp_path: Path)
     assert (folder / ADAPTER_DIR / "adapter_config.json").is_file()
     assert (folder / ADAPTER_DIR / "adapter_model.safetensors").is_file()
 
-    second = TorchBackend(backend_config(tmp_path))
+    second = make_backend(tmp_path)
     second.start(1, 1, 2, folder)
     try:
         assert second.updater is not None and second.engine is not None
@@ -183,7 +184,7 @@ def test_the_backend_checkpoints_the_adapter_and_resumes_from_it(tmp_path: Path)
     finally:
         second.close()
 
-    other_rank = TorchBackend(backend_config(tmp_path, lora_rank=2))
+    other_rank = make_backend(tmp_path, lora_rank=2)
     try:
         with pytest.raises(ConfigError, match="lora_rank"):
             other_rank.start(1, 1, 2, folder)
@@ -192,7 +193,7 @@ def test_the_backend_checkpoints_the_adapter_and_resumes_from_it(tmp_path: Path)
 
 
 def test_unknown_target_modules_fail_at_start(tmp_path: Path) -> None:
-    backend = TorchBackend(backend_config(tmp_path, target_modules=["no_such_proj"]))
+    backend = make_backend(tmp_path, target_modules=["no_such_proj"])
     try:
         with pytest.raises(ConfigError, match="target_modules"):
             backend.start(0, 0, 1, None)

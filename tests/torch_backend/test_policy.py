@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from agentlightning.rows import TrainingRow
 from agentlightning.torch_backend.policy import (
     ActorConfig,
     OptimConfig,
@@ -16,7 +17,6 @@ from agentlightning.torch_backend.policy import (
     kl_penalty,
     policy_loss,
 )
-from agentlightning.trainer.rows import TrainingRow
 from agentlightning.trainer.shaping import set_loss_weights
 
 from .tiny import fresh_copy

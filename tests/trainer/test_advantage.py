@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentlightning.rows import TrainingRow
 from agentlightning.trainer.advantage import assign_advantages, group_advantages, rollout_advantages
 from agentlightning.trainer.config import AdvEstimator
-from agentlightning.trainer.rows import TrainingRow
 
 rewards = st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0, -1.0, 3.0]), min_size=1, max_size=12)
 estimators = st.sampled_from(list(AdvEstimator))

@@ -3,15 +3,15 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentlightning.trainer.aggregation import (
+from agentlightning.aggregation import (
+    AggregationLevel,
     AggregationStats,
     Call,
     RowLimits,
     aggregate_calls,
     aggregate_rollout,
 )
-from agentlightning.trainer.config import AggregationLevel
-from agentlightning.trainer.rows import TrainingRow
+from agentlightning.rows import TrainingRow
 from tests.trainer.scripts import Bad, Turn, call_event, render, scripts
 
 TRAJ = AggregationLevel.TRAJECTORY

@@ -8,12 +8,12 @@ import math
 
 import pytest
 
+from agentlightning.rows import TrainingRow
 from agentlightning.schemas import RolloutState
 from agentlightning.trainer.advantage import rollout_advantages
 from agentlightning.trainer.batch import build_training_batch
 from agentlightning.trainer.collected import CollectedRollout
 from agentlightning.trainer.config import AdvEstimator, ConfigError, load_core_config
-from agentlightning.trainer.rows import TrainingRow
 from agentlightning.trainer.shaping import set_loss_weights
 from agentlightning.trainer.staleness import rollout_staleness, split_stale_groups
 from tests.trainer.scripts import call_event, reward_event

@@ -6,12 +6,12 @@ import math
 
 import pytest
 
+from agentlightning.rewards import to_float32
 from agentlightning.schemas import RolloutState
 from agentlightning.trainer.advantage import group_advantages
 from agentlightning.trainer.batch import build_training_batch
 from agentlightning.trainer.collected import CollectedRollout
 from agentlightning.trainer.config import load_core_config
-from agentlightning.trainer.rewards import to_float32
 from tests.trainer.scripts import call_event, reward_event
 
 

@@ -19,12 +19,12 @@ import openai
 import pytest
 
 from agentlightning.client import GatewayClient
+from agentlightning.rewards import to_float32
 from agentlightning.schemas import Rollout, RolloutState
 from agentlightning.trainer.advantage import group_advantages
 from agentlightning.trainer.batch import build_training_batch
 from agentlightning.trainer.config import load_core_config
 from agentlightning.trainer.manager import RolloutManager
-from agentlightning.trainer.rewards import to_float32
 from tests.conftest import RunningGateway, start_gateway
 from tests.fakes.model_server import (
     END,

@@ -10,9 +10,9 @@ from collections import Counter
 import httpx
 import pytest
 
+from agentlightning.aggregation import aggregate_rollout
 from agentlightning.client import GatewayClient, NotFound, RetryPolicy, ServerError
 from agentlightning.schemas import RolloutState
-from agentlightning.trainer.aggregation import aggregate_rollout
 from agentlightning.trainer.batch import build_training_batch
 from agentlightning.trainer.config import load_core_config
 from agentlightning.trainer.manager import RolloutManager

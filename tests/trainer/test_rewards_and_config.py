@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from agentlightning.rewards import last_reward, reward_value, to_float32
 from agentlightning.trainer.config import (
     AdvEstimator,
     AggregationLevel,
@@ -13,7 +14,6 @@ from agentlightning.trainer.config import (
     core_config_keys,
     load_core_config,
 )
-from agentlightning.trainer.rewards import last_reward, reward_value, to_float32
 from tests.trainer.scripts import call_event, reward_event
 
 # --- rewards -------------------------------------------------------------------------------

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentlightning.rows import TrainingRow
 from agentlightning.trainer.advantage import assign_advantages, rollout_advantages
-from agentlightning.trainer.rows import TrainingRow
 from agentlightning.trainer.shaping import (
     group_rows,
     n_groups_to_keep,

@@ -9,13 +9,13 @@ import math
 
 import pytest
 
+from agentlightning.rewards import call_rewards, last_reward
 from agentlightning.schemas import RolloutState
 from agentlightning.server.triplet import to_triplet
 from agentlightning.trainer.advantage import step_advantages, step_returns
 from agentlightning.trainer.batch import build_training_batch
 from agentlightning.trainer.collected import CollectedRollout
 from agentlightning.trainer.config import ConfigError, load_core_config
-from agentlightning.trainer.rewards import call_rewards, last_reward
 from tests.trainer.scripts import call_event, reward_event
 
 

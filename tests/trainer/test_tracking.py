@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agentlightning.trainer.config import ConfigError
-from agentlightning.trainer.loop_config import TrainerConfig
+from agentlightning.trainer.config import ConfigError, TrainerConfig
 from agentlightning.trainer.tracking import METRICS_FILE, Tracker, read_metrics
 
 
@@ -67,7 +66,7 @@ def test_the_default_loggers_work_without_torch_and_tqdm(tmp_path: Path) -> None
 import io, pathlib, sys
 sys.modules["torch"] = None  # `import torch` now raises ImportError, as where it is not installed
 sys.modules["tqdm"] = None
-from agentlightning.trainer.loop_config import TrainerConfig
+from agentlightning.trainer.config import TrainerConfig
 from agentlightning.trainer.tracking import Tracker
 console = io.StringIO()
 tracker = Tracker(TrainerConfig().logger, {str(tmp_path)!r}, total_steps=2, stream=console)

@@ -26,7 +26,7 @@ def main(model_dir: str, rows_path: str, micro: int) -> None:
     from verl.workers.utils.losses import ppo_loss
     from verl.workers.utils.padding import left_right_2_no_padding
 
-    from agentlightning.trainer.rows import TrainingRow
+    from agentlightning.rows import TrainingRow
     from agentlightning.verl.batch import rows_to_batch
     from agentlightning.verl.config import compose_config, verl_view
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from agentlightning.trainer.rows import TrainingRow
+from agentlightning.rows import TrainingRow
 from agentlightning.trainer.shaping import split_minibatches
 
 

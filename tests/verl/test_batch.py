@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from verl.workers.utils.padding import left_right_2_no_padding
 
-from agentlightning.trainer.rows import TrainingRow
+from agentlightning.rows import TrainingRow
 from agentlightning.verl.batch import PADDING_ROLLOUT_ID, MissingRoutes, rank_layout, rows_to_batch
 
 from .rows import make_rows, one_minibatch

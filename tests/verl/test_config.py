@@ -27,7 +27,8 @@ def base() -> object:
 
 def test_verl_defaults_and_our_keys_compose_and_validate(base: object) -> None:
     cfg = compose_config(overrides=[MODEL, "data.train_batch_size=4", "agentlightning.model_name=qwen"])
-    core, ours, view = validate(cfg)
+    settings, ours, view = validate(cfg)
+    core = settings.core
     # verl's own defaults are there (from pkg://verl/trainer/config) ...
     assert view.actor_rollout_ref.actor.strategy == "fsdp"
     assert view.actor_rollout_ref.rollout.checkpoint_engine.backend == "naive"
@@ -54,7 +55,8 @@ def test_every_core_key_is_in_the_packaged_config(base: object) -> None:
 def test_a_torch_backend_config_drives_the_verl_backend_too() -> None:
     torch_cfg = OmegaConf.load(REPO / "agentlightning" / "config" / "train.yaml")
     cfg = compose_config(torch_cfg, [MODEL, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"])
-    core, ours, view = validate(cfg)
+    settings, ours, view = validate(cfg)
+    core = settings.core
     assert core.rollout_n == torch_cfg.actor_rollout_ref.rollout.n
     assert ours.old_log_prob_source == torch_cfg.actor_rollout_ref.actor.old_log_prob_source
     # the torch engine's keys are left out of what verl sees
@@ -145,7 +147,8 @@ def test_the_loss_mode_maps_to_verls_loss_fed_the_core_weights(mode: str, regist
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
 def test_loss_agg_modes_are_the_core_weights_and_verl_sums_them(agg: str) -> None:
     cfg = compose_config(overrides=[MODEL, f"actor_rollout_ref.actor.loss_agg_mode={agg}"])
-    core, _, view = validate(cfg)
+    settings, _, view = validate(cfg)
+    core = settings.core
     assert core.loss_agg_mode == agg
     assert view.actor_rollout_ref.actor.loss_agg_mode == "token-sum"
 

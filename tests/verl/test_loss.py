@@ -23,9 +23,9 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import left_right_2_no_padding
 
+from agentlightning.rows import TrainingRow
 from agentlightning.torch_backend.policy import ActorConfig as TorchActorConfig
 from agentlightning.torch_backend.policy import PolicyUpdater
-from agentlightning.trainer.rows import TrainingRow
 from agentlightning.verl.batch import rows_to_batch
 from agentlightning.verl.config import compose_config, verl_view
 from agentlightning.verl.loss import PER_ROLLOUT_MEAN, per_rollout_mean_loss

@@ -24,7 +24,7 @@ from agentlightning.schemas import RolloutCreate
 from agentlightning.trainer import RolloutManager, TrainingBatch
 from agentlightning.verl.backend import VerlBackend
 from agentlightning.verl.batch import PADDING_ROLLOUT_ID
-from agentlightning.verl.config import compose_config
+from agentlightning.verl.config import compose_config, validate
 from tests.conftest import RunningGateway
 from tests.fakes.model_server import Reply
 
@@ -93,7 +93,8 @@ def setup(gateway: RunningGateway) -> Iterator[tuple[GatewayClient, StandInWorke
             "trainer.n_gpus_per_node=2",
         ]
     )
-    backend = VerlBackend(cfg, client, workers.factory)
+    settings, ours, view = validate(cfg)
+    backend = VerlBackend(settings.core, ours, view, client, workers.factory)
     try:
         yield client, workers, backend
     finally:

@@ -49,7 +49,10 @@ def agl_train(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]
     """`agl-train ARGS` in this process (the verl import is already paid for): exit code, stderr."""
     from agentlightning.torch_backend.cli import main
 
-    with pytest.raises(SystemExit) as exit_info:
+    # keep the process's logging as it is: configured here, it would print to capsys' stream,
+    # closed by the time later tests log
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit) as exit_info:
+        patch.setattr("agentlightning.config.loader.configure_logging", lambda level: None)
         main(list(args))
     return int(exit_info.value.code or 0), capsys.readouterr().err
 

@@ -12,11 +12,11 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
+from agentlightning.aggregation import AggregationStats, aggregate_rollout
 from agentlightning.client import GatewayClient
 from agentlightning.demo.agent import solve
 from agentlightning.demo.task import TOOLS
 from agentlightning.schemas import Model, RolloutCreate
-from agentlightning.trainer.aggregation import AggregationStats, aggregate_rollout
 from tests.conftest import RunningGateway
 
 from .conftest import SERVED_NAME, ScriptedVLLM

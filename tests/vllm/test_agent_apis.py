@@ -21,11 +21,11 @@ import httpx
 import openai
 import pytest
 
+from agentlightning.aggregation import AggregationStats, aggregate_rollout
 from agentlightning.client import GatewayClient
 from agentlightning.demo.task import TOOLS
 from agentlightning.schemas import Model, RolloutCreate
 from agentlightning.torch_backend.vllm_server import reload_weights, reset_prefix_cache
-from agentlightning.trainer.aggregation import AggregationStats, aggregate_rollout
 from tests.conftest import RunningGateway, start_gateway
 
 from .compact import save_compact_weights

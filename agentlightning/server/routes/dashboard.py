@@ -1,26 +1,32 @@
 """Read-only views for the dashboard (`/ui`): overview, the rollouts table, one rollout.
 
 Everything here is derived from the store and the Gateway's live state; nothing is written.
-The training view of a rollout is built by the trainer core's own aggregation
-(`agentlightning.trainer.aggregation`), so it shows the rows the trainer would build.
+The training view of a rollout is built by the aggregation the trainer core uses
+(`agentlightning.aggregation`), so it shows the rows the trainer would build.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import APIRouter, Depends, Query
 
+from agentlightning.aggregation import (
+    AggregationLevel,
+    AggregationStats,
+    Call,
+    RowLimits,
+    aggregate_calls,
+    usable_calls,
+)
+from agentlightning.rewards import last_reward
 from agentlightning.schemas import EVENT_MODEL_REQUEST, EVENT_REWARD, Rollout, RolloutState
 from agentlightning.server.events import render_events
 from agentlightning.server.state import GatewayState, state_dependency
 from agentlightning.server.store import RolloutNotFound
-
-if TYPE_CHECKING:
-    from agentlightning.trainer.aggregation import Call
 
 router = APIRouter(prefix="/api/dashboard", tags=["dashboard"])
 State = Annotated[GatewayState, Depends(state_dependency)]
@@ -40,13 +46,6 @@ async def _events(
     stored = await state.store.list_events(rollout.rollout_id, attempt_id, None, view=view)
     events: list[dict[str, Any]] = orjson.loads(render_events(stored, view))
     return events
-
-
-def last_reward(events: list[dict[str, Any]]) -> float | None:
-    """The trainer core's reward of a rollout (imported when first needed: the Gateway starts faster)."""
-    from agentlightning.trainer.rewards import last_reward as core_last_reward
-
-    return core_last_reward(events)
 
 
 def _duration(rollout: Rollout, at: float) -> float | None:
@@ -184,9 +183,6 @@ def _break_reason(before: Call, call: Call) -> str:
 
 def training_view(triplet_events: list[dict[str, Any]], rollout: Rollout) -> dict[str, Any]:
     """The rows the trainer core builds from these calls (trajectory aggregation, no length limits)."""
-    from agentlightning.trainer.aggregation import AggregationStats, RowLimits, aggregate_calls, usable_calls
-    from agentlightning.trainer.config import AggregationLevel
-
     stats = AggregationStats()
     calls = usable_calls(triplet_events, stats)
     reward = last_reward(triplet_events)

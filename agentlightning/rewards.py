@@ -18,8 +18,7 @@ _F32 = struct.Struct("<f")
 
 def to_float32(value: float) -> float:
     """`value` rounded to the nearest float32. Raises OverflowError past float32's range."""
-    result: float = _F32.unpack(_F32.pack(value))[0]
-    return result
+    return float(_F32.unpack(_F32.pack(value))[0])
 
 
 def reward_value(data: Any) -> float | None:

@@ -17,12 +17,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
+from enum import StrEnum
 from typing import Any
 
+from agentlightning.rows import CONTEXT_VERSION, TrainingRow
 from agentlightning.schemas import EVENT_MODEL_REQUEST
-from agentlightning.trainer.config import AggregationLevel
-from agentlightning.trainer.rows import CONTEXT_VERSION, TrainingRow
 from agentlightning.wire import PromptIds
+
+
+class AggregationLevel(StrEnum):
+    """`agentlightning.trace_aggregator.level`."""
+
+    TRAJECTORY = "trajectory"
+    TRANSITION = "transition"
 
 
 @dataclass(slots=True)
