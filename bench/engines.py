@@ -153,7 +153,7 @@ def run_size(size: str, args: argparse.Namespace, root: Path) -> dict[str, dict[
         [
             sys.executable,
             "-m",
-            "agentlightning.torch_backend.inference_server",
+            "agentlightning.torch_backend.server_cli",
             f"model={model_dir}",
             f"port={port}",
             "dtype=float32",
