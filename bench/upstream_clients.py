@@ -106,7 +106,15 @@ def main() -> None:
     for item in args.scenarios.split(","):
         n, delay = item.split(":")
         port = free_port()
-        argv = [sys.executable, "-m", "tests.fakes.model_server", "--port", str(port), "--delay", delay]
+        argv = [
+            sys.executable,
+            "-m",
+            "agentlightning.testing.fake_model_server",
+            "--port",
+            str(port),
+            "--delay",
+            delay,
+        ]
         model = ManagedProcess("fake-model", argv, Path("/tmp") / f"agl-fake-{port}.log", cwd=ROOT).start()
         try:
             model.wait_http_ok(f"http://127.0.0.1:{port}/health")

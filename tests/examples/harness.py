@@ -21,9 +21,9 @@ from typing import Any
 from agentlightning.client import GatewayClient
 from agentlightning.procs import ManagedProcess, free_port
 from agentlightning.schemas import Model
+from agentlightning.testing.scripted_model import Policy, ScriptedChatModel, decode
 from agentlightning.trainer.aggregation import AggregationStats, aggregate_rollout, usable_calls
 from agentlightning.trainer.rows import TrainingRow
-from tests.examples.scripted_model import Policy, ScriptedChatModel, decode
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agentlightning.trainer.aggregation import AggregationStats, aggregate_rollout
-from tests.examples.harness import first_merge_break
-from tests.examples.scripted_model import (
+from agentlightning.testing.scripted_model import (
     build_tokenizer,
     chat_response,
     decode,
@@ -17,6 +15,8 @@ from tests.examples.scripted_model import (
     render_prompt,
     tool_call_text,
 )
+from agentlightning.trainer.aggregation import AggregationStats, aggregate_rollout
+from tests.examples.harness import first_merge_break
 
 TOOLS = [
     {
