@@ -3,7 +3,7 @@
 For every harness (Calc-X on AutoGen + MCP, with and without reflection; gsm8k on the plain
 `openai` client; the OpenAI Agents SDK; LangGraph), the real agent runs a few rollouts through
 a real Gateway and Controller against the scripted Qwen2.5-template model
-(`tests/examples/scripted_model.py`: real chat template, real BPE tokenizer, hermes tool
+(`agentlightning/testing/scripted_model.py`: real chat template, real BPE tokenizer, hermes tool
 calls, as vLLM renders them). The trainer core's trajectory aggregation then turns each
 rollout into rows. Two model styles: tool-call JSON as the template writes it (`{"name": …,
 "arguments": …}` with spaces), and compact JSON (no spaces), which a model may also emit.
@@ -28,8 +28,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentlightning.testing.scripted_policies import expression_for, number_in, tool_then_answer
 from tests.examples.harness import EXAMPLES, EXAMPLES_PYTHON, RolloutResult, example_stack
-from tests.examples.policies import expression_for, number_in, tool_then_answer
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Benchmark the model proxy: N concurrent agents through the Gateway vs straight to the model.
 
-One run starts the fake vLLM-shaped model server (`tests/fakes/model_server.py`, answering
+One run starts the fake vLLM-shaped model server (`agentlightning.testing.fake_model_server`, answering
 after a fixed delay), one `agl-server` per gateway command (SQLite store: every call is
 persisted), and a load generator in its own process (`--pin`: the gateway gets CPU 0 to
 itself, the load generator and model server the others). For each scenario (calls in flight, model
@@ -186,7 +186,15 @@ class Gateway:
 
 def start_model(delay: float, workdir: Path, scale_out: bool = False) -> tuple[str, ManagedProcess]:
     port = free_port()
-    argv = [sys.executable, "-m", "tests.fakes.model_server", "--port", str(port), "--delay", str(delay)]
+    argv = [
+        sys.executable,
+        "-m",
+        "agentlightning.testing.fake_model_server",
+        "--port",
+        str(port),
+        "--delay",
+        str(delay),
+    ]
     if scale_out:  # render / generate on tokens / derender, as `vllm serve --enable-scale-out`
         argv.append("--scale-out")
     proc = ManagedProcess(

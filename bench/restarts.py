@@ -101,7 +101,15 @@ def services_phase(args: argparse.Namespace, logs: Path) -> None:
     db = logs / "gateway.db"
     fake = ManagedProcess(
         "fake-model",
-        [sys.executable, "-m", "tests.fakes.model_server", "--port", str(fake_port), "--delay", "0.05"],
+        [
+            sys.executable,
+            "-m",
+            "agentlightning.testing.fake_model_server",
+            "--port",
+            str(fake_port),
+            "--delay",
+            "0.05",
+        ],
         logs / "fake.log",
         cwd=REPO,
     ).start()

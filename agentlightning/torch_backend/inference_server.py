@@ -4,16 +4,14 @@ Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `
 Generation runs in a `TorchEngine` (continuous batching, CPU or CUDA). The trainer runs the
 server in its own process (`InferenceServer(...).start()`, a uvicorn thread) and publishes new
 weights with `InferenceServer.publish()`; the version served is in `/v1/models` and in the
-`X-Model-Version` header of every answer. Standalone:
-
-    agl-torch-server model=PATH served_model_name=policy port=8000   (or python -m agentlightning.torch_backend.inference_server)
+`X-Model-Version` header of every answer. As its own process: `agl-torch-server`
+(`server_cli.py`); model loading is in `models.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -586,93 +584,3 @@ class InferenceServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-# --- standalone process ------------------------------------------------------------------------
-
-
-@dataclass
-class ServeConfig:
-    model: str = "demo"  # a Hugging Face model directory, or "demo" for the demo's tiny model
-    served_model_name: str = "policy"
-    host: str = "127.0.0.1"
-    port: int = 8000
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
-    seed: int = 0
-    max_num_seqs: int = 256
-    max_model_len: int | None = None
-    torch_threads: int | None = None
-    log_level: str = "info"
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dtype not in table:
-        raise ValueError(f"dtype must be one of auto, {', '.join(table)}; got {dtype!r}")
-    return table[dtype]
-
-
-def load_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> tuple[Any, Any]:
-    """(model, tokenizer) from a Hugging Face directory, or the demo's tiny model for "demo"."""
-    if name == "demo":
-        from agentlightning.demo.model import build_tiny
-
-        model, tokenizer = build_tiny(seed=seed)
-    else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(name)
-        model = AutoModelForCausalLM.from_pretrained(name)
-    return model.to(device=device, dtype=dtype).eval(), tokenizer
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    from omegaconf import OmegaConf
-
-    from agentlightning.log import configure_logging
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    if "-h" in args or "--help" in args:
-        print(__doc__)
-        print(OmegaConf.to_yaml(OmegaConf.structured(ServeConfig)))
-        return
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(ServeConfig), OmegaConf.from_dotlist(args))
-        cfg: ServeConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
-        device = resolve_device(cfg.device)
-        dtype = resolve_dtype(cfg.dtype, device)
-    except Exception as exc:
-        print(f"agl-torch-server: bad config: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    configure_logging(cfg.log_level)
-    if cfg.torch_threads:
-        torch.set_num_threads(cfg.torch_threads)
-    model, tokenizer = load_model(cfg.model, device, dtype, cfg.seed)
-    engine = TorchEngine(
-        model, tokenizer, max_num_seqs=cfg.max_num_seqs, max_model_len=cfg.max_model_len, seed=cfg.seed
-    )
-    log.info(
-        "torch_server_ready", model=cfg.model, served=cfg.served_model_name, device=str(device), port=cfg.port
-    )
-    uvicorn.run(
-        create_app(engine, cfg.served_model_name),
-        host=cfg.host,
-        port=cfg.port,
-        log_level="warning",
-        access_log=False,
-        timeout_keep_alive=75,
-    )
-    engine.close()
-
-
-if __name__ == "__main__":
-    main()

@@ -1,16 +1,16 @@
 """The torch backend: `TorchBackend` for the trainer core's loop, and `run_ppo(config, train, val)`.
 
-One process holds the policy (fp32, trained by `PolicyUpdater`) and a serving copy behind the
-built-in inference server — or, with `actor_rollout_ref.rollout.engine=vllm`, real vLLM servers
-started as child processes (`vllm_engine.py`); agents reach the servers only through the Gateway. The loop itself —
+One process holds the policy (fp32, trained by `PolicyUpdater`); a rollout engine
+(`rollout_engine.py`) serves it — a serving copy behind the built-in inference server, or with
+`actor_rollout_ref.rollout.engine=vllm` real vLLM servers started as child processes
+(`vllm_engine.py`); agents reach the servers only through the Gateway. The loop itself —
 collect, build, update, publish, validate, save, resume — is the trainer core's
-(`agentlightning.trainer.loop`); this backend supplies the update, the weight swap into its
+(`agentlightning.trainer.loop`); this backend supplies the update, the publish to its
 engine and its part of each checkpoint.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,13 +27,6 @@ from agentlightning.torch_backend.checkpoint import (
     torch_rng_state,
 )
 from agentlightning.torch_backend.config import TorchBackendConfig, load_torch_backend_config
-from agentlightning.torch_backend.engine import TorchEngine
-from agentlightning.torch_backend.inference_server import (
-    InferenceServer,
-    load_model,
-    resolve_device,
-    resolve_dtype,
-)
 from agentlightning.torch_backend.lora import (
     ADAPTER_DIR,
     adapter_state,
@@ -42,14 +35,9 @@ from agentlightning.torch_backend.lora import (
     full_state,
     save_adapter,
 )
+from agentlightning.torch_backend.models import load_model, resolve_device
 from agentlightning.torch_backend.policy import PolicyUpdater
-from agentlightning.torch_backend.vllm_engine import (
-    VLLMEngine,
-    VLLMEngineError,
-    check_servable,
-    choose_engine,
-    server_config,
-)
+from agentlightning.torch_backend.rollout_engine import RolloutEngine, open_rollout_engine
 from agentlightning.trainer import ConfigError, CoreConfig, TrainingBatch
 from agentlightning.trainer.config import TrainingConfig, load_training_config
 from agentlightning.trainer.loop import TrainingLoop
@@ -58,7 +46,7 @@ log = get_logger("torch_backend")
 
 
 class TorchBackend:
-    """The policy and its update in this process; the built-in engine serves it."""
+    """The policy and its update in this process; a rollout engine (torch or vLLM) serves it."""
 
     def __init__(self, settings: TrainingConfig, config: TorchBackendConfig) -> None:
         """`settings`: the run's parsed config (`load_training_config`); `config`: this backend's
@@ -68,9 +56,7 @@ class TorchBackend:
         self.torch_threads = settings.trainer.torch_threads
         self.output_dir = Path(settings.trainer.output_dir)
         self.updater: PolicyUpdater | None = None
-        self.engine: TorchEngine | None = None
-        self.server: InferenceServer | None = None
-        self.vllm: VLLMEngine | None = None
+        self.engine: RolloutEngine | None = None  # serves the policy: the torch engine or vLLM
         self.peft_model: Any = None  # with LoRA: the PeftModel around the policy (for its adapter files)
 
     def start(self, step: int, version: int, total_steps: int, checkpoint: Path | None) -> list[str]:
@@ -99,25 +85,24 @@ class TorchBackend:
                     raise ConfigError(f"actor_rollout_ref.model.lora_rank: {exc}") from None
             self.updater.load_state_dict(policy_state)
             set_torch_rng_state(state["rng"])
-        rollout = self.config.rollout
-        engine, why = choose_engine(rollout.engine, self.config.model.path, self.updater.model, rollout)
-        log.info("rollout_engine", engine=engine, reason=why)
-        if engine == "vllm":
-            return self._start_vllm(tokenizer, device, version)
-        serving = copy.deepcopy(self.updater.model).to(dtype=resolve_dtype(rollout.dtype, device))
-        self.engine = TorchEngine(
-            serving,
-            tokenizer,
-            max_num_seqs=rollout.max_num_seqs,
-            max_model_len=rollout.max_model_len,
-            max_num_batched_tokens=rollout.max_num_batched_tokens,
-            seed=rollout.seed + step,
+        self.engine = open_rollout_engine(
+            self.config.rollout,
+            model_path=self.config.model.path,
+            model=self.updater.model,
+            tokenizer=tokenizer,
+            served_model_name=self.core.agl.model_name,
+            device=device,
+            workdir=self.output_dir / "vllm",
             version=version,
+            step=step,
+            lora_rank=self.config.lora.rank,
         )
-        self.server = InferenceServer(
-            self.engine, self.core.agl.model_name, rollout.host, rollout.port
-        ).start()
-        return [self.server.endpoint]
+        return self.engine.start(self._served())
+
+    def _served(self) -> Any:
+        """What the engine serves: the policy, or with LoRA its PeftModel (the engine moves the adapter)."""
+        assert self.updater is not None, "start() first"
+        return self.peft_model or self.updater.model
 
     def _with_lora(self, model: Any) -> Any:
         """With `lora_rank > 0`: the model with a fresh adapter in it, everything else frozen."""
@@ -139,38 +124,13 @@ class TorchBackend:
         )
         return model
 
-    def _start_vllm(self, tokenizer: Any, device: torch.device, version: int) -> list[str]:
-        assert self.updater is not None
-        try:
-            check_servable(self.updater.model)
-        except VLLMEngineError as exc:
-            raise ConfigError(f"actor_rollout_ref.rollout.engine=vllm: {exc}") from None
-        rollout = self.config.rollout
-        self.vllm = VLLMEngine(
-            tokenizer,
-            self.core.agl.model_name,
-            server_config(rollout, device),
-            self.output_dir / "vllm",
-            num_servers=rollout.vllm.num_servers,
-            version=version,
-            lora_rank=self.config.lora.rank,
-        )
-        return self.vllm.start(self.peft_model or self.updater.model)
-
     def update(self, batch: TrainingBatch) -> dict[str, float]:
         assert self.updater is not None, "start() first"
         return self.updater.update(batch.minibatches())
 
     def publish(self, version: int) -> None:
-        assert self.updater is not None, "start() first"
-        if self.vllm is not None:
-            self.vllm.publish(self.peft_model or self.updater.model, version)
-            return
         assert self.engine is not None, "start() first"
-        if self.peft_model is not None:  # the serving copy has the same base: only the adapter moves
-            self.engine.publish(adapter_state(self.updater.model), version, partial=True)
-            return
-        self.engine.publish(self.updater.model, version)
+        self.engine.publish(self._served(), version)
 
     def save(self, folder: Path) -> None:
         assert self.updater is not None, "start() first"
@@ -181,12 +141,6 @@ class TorchBackend:
         save_policy_state(folder, {"policy": policy, "rng": torch_rng_state()})
 
     def close(self) -> None:
-        if self.vllm is not None:
-            self.vllm.close()
-            self.vllm = None
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
         if self.engine is not None:
             self.engine.close()
             self.engine = None

@@ -32,6 +32,7 @@ import torch
 from agentlightning.log import get_logger
 from agentlightning.torch_backend.config import TorchRolloutConfig
 from agentlightning.torch_backend.lora import base_state, save_adapter
+from agentlightning.torch_backend.models import is_builtin
 from agentlightning.torch_backend.vllm_server import (
     VLLMServerConfig,
     VLLMServers,
@@ -92,8 +93,8 @@ def choose_engine(
     serve, where vLLM is installed — below that size our engine is faster (docs/vllm.md)."""
     if requested != "auto":
         return requested, "asked for"
-    if model_path == "demo":
-        return "torch", "the demo's built-in model"
+    if is_builtin(model_path):
+        return "torch", "a built-in model (built in code, tiny)"
     n_params = sum(p.numel() for p in model.parameters())
     if n_params < rollout.vllm.auto_min_parameters:
         return "torch", (
@@ -111,7 +112,7 @@ def choose_engine(
 
 
 class VLLMEngine:
-    """Real vLLM servers serving the policy, kept up to date by `publish`."""
+    """Real vLLM servers serving the policy, kept up to date by `publish` (a `RolloutEngine`)."""
 
     def __init__(
         self,

@@ -22,7 +22,7 @@ from agentlightning.client import GatewayClient
 from agentlightning.launch import Service, start_controller, start_gateway
 from agentlightning.rows import TrainingRow
 from agentlightning.schemas import Model
-from tests.examples.scripted_model import Policy, ScriptedChatModel, decode
+from agentlightning.testing.scripted_model import Policy, ScriptedChatModel, decode
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

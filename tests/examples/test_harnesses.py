@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from agentlightning.testing.scripted_model import Policy
+from agentlightning.testing.scripted_policies import expression_for, number_in, tool_then_answer
 from tests.examples.harness import EXAMPLES, RolloutResult, Stack, example_stack
-from tests.examples.policies import expression_for, number_in, tool_then_answer
-from tests.examples.scripted_model import Policy
 
 pytestmark = pytest.mark.slow
 

@@ -21,8 +21,8 @@ from urllib.parse import urlparse
 
 import pytest
 
+from agentlightning.testing.scripted_model import tool_call_text
 from tests.examples.harness import EXAMPLES, EXAMPLES_PYTHON, RolloutResult, Stack, example_stack
-from tests.examples.scripted_model import tool_call_text
 
 HERE = EXAMPLES / "llm_in_sandbox"
 AGENT = "sandbox_agent:SandboxAgent"

@@ -332,7 +332,7 @@ def test_dense_retriever_on_a_local_encoder(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     from fastapi.testclient import TestClient
 
-    from tests.examples.scripted_model import build_tokenizer
+    from agentlightning.testing.scripted_model import build_tokenizer
 
     server = _load("retrieval_server")
     model_dir = tmp_path / "tiny-encoder"

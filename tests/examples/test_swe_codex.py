@@ -16,7 +16,7 @@ from agentlightning.sandbox import available
 from examples.swe.bank import make_task
 from examples.swe.codex_agent import npm_prefix
 from tests.examples.harness import REPO, example_stack
-from tests.examples.scripted_model import tool_call_text
+from agentlightning.testing.scripted_model import tool_call_text
 
 pytestmark = pytest.mark.timeout(1200)  # two harness runs, seconds of work each, minutes on a loaded machine
 SWE_PYTHON = REPO / ".venv-swe" / "bin" / "python"

@@ -20,8 +20,15 @@ import pytest
 
 from agentlightning.client import GatewayClient
 from agentlightning.schemas import Model, RolloutCreate
+from agentlightning.testing.fake_model_server import (
+    END,
+    FakeModelServer,
+    Reply,
+    ToolCall,
+    chat_prompt_ids,
+    encode,
+)
 from tests.conftest import RunningGateway, start_gateway
-from tests.fakes.model_server import END, FakeModelServer, Reply, ToolCall, chat_prompt_ids, encode
 
 KEY = "proxy-key"
 USER = [{"role": "user", "content": "what is two plus two"}]

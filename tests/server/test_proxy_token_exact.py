@@ -19,8 +19,8 @@ import pytest
 from agentlightning.aggregation import AggregationStats, aggregate_rollout
 from agentlightning.client import GatewayClient
 from agentlightning.schemas import Model, RolloutCreate
+from agentlightning.testing.fake_model_server import END, FakeModelServer, Reply, ToolCall, chat_prompt_ids
 from tests.conftest import RunningGateway, start_gateway
-from tests.fakes.model_server import END, FakeModelServer, Reply, ToolCall, chat_prompt_ids
 
 KEY = "exact-key"
 # The model writes JSON with spaces; every harness below sends it back compact (the Anthropic

@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
+from agentlightning.testing.fake_model_server import FakeModelServer, Reply
 from tests import postgres
 from tests.conftest import RunningGateway, start_gateway
-from tests.fakes.model_server import FakeModelServer, Reply
 
 KEY = "replica-key"
 SECRET = "replica-token-secret"

@@ -1,4 +1,4 @@
-"""The standalone server process: `python -m agentlightning.torch_backend.inference_server`."""
+"""The standalone server process: `python -m agentlightning.torch_backend.server_cli`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from agentlightning.procs import ManagedProcess, free_port
 
 pytestmark = pytest.mark.timeout(600)  # a hang guard, not a speed test: machines may be busy
-MODULE = "agentlightning.torch_backend.inference_server"
+MODULE = "agentlightning.torch_backend.server_cli"
 
 
 def test_server_process_serves_the_demo_model(tmp_path: Path) -> None:

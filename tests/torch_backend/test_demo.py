@@ -13,7 +13,8 @@ from agentlightning.demo.agent import CalcAgent
 from agentlightning.demo.model import CHAT_TEMPLATE, TinyModelConfig, build_model, build_tokenizer, save_tiny
 from agentlightning.demo.task import ACTIONS, TOOLS, calculator, make_dataset, make_problem, reward
 from agentlightning.demo.warmup import WarmupConfig, demonstration, make_examples, render, warmup
-from agentlightning.torch_backend.inference_server import InferenceServer, load_model
+from agentlightning.torch_backend.inference_server import InferenceServer
+from agentlightning.torch_backend.models import load_model
 from agentlightning.torch_backend.protocol import parse_tool_calls
 
 from .tiny import QUESTION

@@ -24,6 +24,7 @@ from agentlightning.torch_backend.lora import (
     lora_settings,
 )
 from agentlightning.torch_backend.policy import ActorConfig, OptimConfig, PolicyUpdater
+from agentlightning.torch_backend.rollout_engine import TorchRolloutEngine
 from agentlightning.torch_backend.trainer import TorchBackend
 from agentlightning.trainer.config import ConfigError, load_training_config
 from agentlightning.trainer.shaping import set_loss_weights
@@ -173,11 +174,12 @@ def test_the_backend_checkpoints_the_adapter_and_resumes_from_it(tmp_path: Path)
     second = make_backend(tmp_path)
     second.start(1, 1, 2, folder)
     try:
-        assert second.updater is not None and second.engine is not None
-        assert second.updater.steps == 1
+        assert second.updater is not None and isinstance(second.engine, TorchRolloutEngine)
+        served = second.engine.engine
+        assert served is not None and second.updater.steps == 1
         for k, v in adapter_state(second.updater.model).items():
             assert torch.equal(v, saved[k]), k
-            assert torch.equal(second.engine.model.state_dict()[k], v), k  # served from the start
+            assert torch.equal(served.model.state_dict()[k], v), k  # served from the start
         restored = second.updater.optimizer.state_dict()["state"]
         assert restored.keys() == moments.keys()
         assert all(torch.equal(restored[i]["exp_avg"], moments[i]["exp_avg"]) for i in moments)

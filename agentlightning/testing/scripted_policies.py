@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from tests.examples.scripted_model import Policy, tool_call_text
+from agentlightning.testing.scripted_model import Policy, tool_call_text
 
 
 def _text(content: Any) -> str:
@@ -49,7 +49,7 @@ def expression_for(table: dict[str, str]) -> Callable[[str], dict[str, Any]]:
 
 def number_in(text: str) -> str:
     """The last number in a tool's output ('12.0', 'Result: 15' -> '15')."""
-    numbers = re.findall(r"-?\d+(?:\.\d+)?", text)
+    numbers: list[str] = re.findall(r"-?\d+(?:\.\d+)?", text)
     if not numbers:
         raise ValueError(f"no number in tool output {text[:80]!r}")
     value = numbers[-1]

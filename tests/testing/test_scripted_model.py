@@ -1,14 +1,17 @@
 """The scripted model renders and parses like vLLM with a Qwen2.5 template, and the merge-break
-analysis names the real cause. No processes: token ids are built directly."""
+analysis names the real cause. No processes: token ids are built directly (and served in-process once)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import httpx
+
 from agentlightning.aggregation import AggregationStats, aggregate_rollout
-from tests.examples.harness import first_merge_break
-from tests.examples.scripted_model import (
+from agentlightning.testing.fake_model_server import Reply
+from agentlightning.testing.scripted_model import (
+    ScriptedChatModel,
     build_tokenizer,
     chat_response,
     decode,
@@ -17,6 +20,7 @@ from tests.examples.scripted_model import (
     render_prompt,
     tool_call_text,
 )
+from tests.examples.harness import first_merge_break
 
 TOOLS = [
     {
@@ -103,3 +107,37 @@ def test_a_call_without_tools_renders_another_system_prompt() -> None:
     calls = _two_calls(compact=False, tools_on_second=False)
     assert len(aggregate_rollout(calls, "r", "g", 1.0, stats=AggregationStats())) == 2
     assert "sent without `tools`" in (first_merge_break(calls) or "")
+
+
+def test_served_over_http_by_the_fake_servers_layer_with_its_faults_and_scale_out() -> None:
+    """The scripted model is the fake model server's HTTP layer over a `PolicyGenerator`: answers
+    as `chat_response` builds them, a scripted fault first, 400 (reason kept) for what it cannot do,
+    and vLLM's scale-out calls that round-trip to the same tokens."""
+    text = tool_call_text("calculate", {"expression": "17 * 24"})
+    body = {"model": "policy", "messages": QUESTION, "tools": TOOLS, "return_token_ids": True}
+    with ScriptedChatModel(lambda m, t: text, scale_out=True) as model:
+        model.script(Reply(status=503))
+        with httpx.Client(base_url=model.base_url, trust_env=False, timeout=30) as http:
+            assert http.post("/chat/completions", json=body).status_code == 503
+            answer = http.post("/chat/completions", json=body).json()
+            expected = chat_response(body, lambda m, t: text)
+            assert answer["prompt_token_ids"] == expected["prompt_token_ids"]
+            assert answer["choices"][0]["token_ids"] == expected["choices"][0]["token_ids"]
+            assert answer["choices"][0]["finish_reason"] == "tool_calls"
+            assert answer["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "calculate"
+
+            streamed = http.post("/chat/completions", json={**body, "stream": True})
+            assert streamed.status_code == 400 and "does not stream" in streamed.json()["error"]["message"]
+            assert model.errors == ["ValueError: this model does not stream"]
+
+            rendered = http.post("/chat/completions/render", json=body).json()
+            assert rendered["token_ids"] == expected["prompt_token_ids"]
+            generated = http.post(
+                f"{model.url}/inference/v1/generate",
+                json={"token_ids": rendered["token_ids"], "scripted": rendered["scripted"]},
+            ).json()
+            assert generated["choices"][0]["token_ids"] == expected["choices"][0]["token_ids"]
+            derendered = http.post(
+                "/chat/completions/derender", json={"generate_response": generated, "model": "policy"}
+            ).json()
+            assert derendered["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "calculate"

@@ -16,24 +16,23 @@ they would on vLLM.
 
     with ScriptedChatModel(policy) as model:
         ... register model.base_url with the Gateway ...
+
+It is served by the fake model server's HTTP layer (`fake_model_server`), with a
+`PolicyGenerator` in place of the fake's toy tokenizer and scripted replies.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import re
-import socket
-import threading
 import time
 import uuid
-import zlib
 from collections.abc import Callable
 from functools import cache
-from typing import Any
+from typing import Any, Self
 
-from aiohttp import web
+from agentlightning.testing.fake_model_server import FakeModelServer, token_logprob
 
 # Qwen2.5-Instruct's chat template (hermes tool calling), verbatim in layout.
 QWEN25_CHAT_TEMPLATE = """{%- if tools %}
@@ -153,7 +152,8 @@ def build_tokenizer() -> Any:
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     # As in Qwen2.5: tool markers are added tokens but not special, so they reach the parser.
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKER_TOKENS])
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    # transformers' tokenizer classes are untyped
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")  # type: ignore[no-untyped-call]
     hf.chat_template = QWEN25_CHAT_TEMPLATE
     return hf
 
@@ -206,17 +206,19 @@ def vllm_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
 
 
 def render_prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-    return build_tokenizer().apply_chat_template(
-        vllm_messages(messages), tools=vllm_tools(tools), add_generation_prompt=True, tokenize=False
+    return str(
+        build_tokenizer().apply_chat_template(
+            vllm_messages(messages), tools=vllm_tools(tools), add_generation_prompt=True, tokenize=False
+        )
     )
 
 
 def encode(text: str) -> list[int]:
-    return build_tokenizer().encode(text, add_special_tokens=False)
+    return list(build_tokenizer().encode(text, add_special_tokens=False))
 
 
 def decode(ids: list[int]) -> str:
-    return build_tokenizer().decode(ids, skip_special_tokens=False)
+    return str(build_tokenizer().decode(ids, skip_special_tokens=False))
 
 
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
@@ -257,10 +259,6 @@ Policy = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]
 """(the request's messages, its tools) → the model's raw output text."""
 
 _ids = itertools.count(1)
-
-
-def token_logprob(token: int, position: int) -> float:
-    return -((zlib.crc32(f"{token}:{position}".encode()) % 1000) + 1) / 400
 
 
 def chat_response(body: dict[str, Any], policy: Policy) -> dict[str, Any]:
@@ -309,64 +307,18 @@ def chat_response(body: dict[str, Any], policy: Policy) -> dict[str, Any]:
     }
 
 
-class ScriptedChatModel:
-    """The scripted model on a loopback port, in a background thread (aiohttp)."""
+class PolicyGenerator:
+    """The scripted model's answers, for the fake model server's HTTP layer (its `Generator`)."""
 
-    def __init__(self, policy: Policy, host: str = "127.0.0.1", scale_out: bool = False) -> None:
+    def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self.host = host
-        # vLLM's scale-out endpoints (render / generate on tokens / derender), as with
-        # `vllm serve --enable-scale-out`; without them the Gateway passes calls through.
-        self.scale_out = scale_out
         self._rendered: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]] | None]] = {}
         self._generated: dict[tuple[int, ...], str] = {}
-        self.requests: list[dict[str, Any]] = []
-        self.errors: list[str] = []
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.bind((host, 0))
-        self.port: int = self._sock.getsockname()[1]
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._thread: threading.Thread | None = None
 
-    @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
+    def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        return chat_response(body, self.policy)
 
-    async def _chat(self, request: web.Request) -> web.Response:
-        try:
-            body = await request.json()
-            self.requests.append(body)
-            if body.get("stream"):
-                raise ValueError("the scripted model does not stream")
-            answer = await asyncio.to_thread(chat_response, body, self.policy)
-        except Exception as exc:  # a bad request or a policy bug: answer 400, keep the reason
-            self.errors.append(f"{type(exc).__name__}: {exc}")
-            error = {
-                "error": {"message": f"{type(exc).__name__}: {exc}", "type": "BadRequestError", "code": 400}
-            }
-            return web.json_response(error, status=400)
-        return web.json_response(answer)
-
-    async def _scale_out(self, request: web.Request) -> web.Response:
-        if not self.scale_out:
-            return web.json_response({"error": {"message": "Scale-out endpoints are disabled"}}, status=403)
-        try:
-            body = await request.json()
-            if request.path.endswith("/render"):
-                answer = await asyncio.to_thread(self._render, body)
-            elif request.path.endswith("/derender"):
-                answer = self._derender(body)
-            else:
-                answer = await asyncio.to_thread(self._generate, body)
-        except Exception as exc:
-            self.errors.append(f"{type(exc).__name__}: {exc}")
-            return web.json_response({"error": {"message": str(exc), "code": 400}}, status=400)
-        return web.json_response(answer)
-
-    def _render(self, body: dict[str, Any]) -> dict[str, Any]:
-        self.requests.append(body)
+    def render(self, body: dict[str, Any]) -> dict[str, Any]:
         key = f"render-{next(_ids)}"
         # The policy chooses text from the messages: generate finds them by this key (a field
         # of the render answer, which the Gateway sends back with the token ids).
@@ -380,7 +332,7 @@ class ScriptedChatModel:
             "scripted": key,
         }
 
-    def _generate(self, body: dict[str, Any]) -> dict[str, Any]:
+    def generate(self, body: dict[str, Any]) -> dict[str, Any]:
         messages, tools = self._rendered.pop(body["scripted"])
         text = self.policy(messages, tools)
         ids = [*encode(text), build_tokenizer().convert_tokens_to_ids("<|im_end|>")]
@@ -394,7 +346,7 @@ class ScriptedChatModel:
         choice = {"index": 0, "token_ids": ids, "finish_reason": "stop", "logprobs": logprobs}
         return {"request_id": f"gen-{next(_ids)}", "choices": [choice], "tool_calls_seen": len(calls)}
 
-    def _derender(self, body: dict[str, Any]) -> dict[str, Any]:
+    def derender(self, body: dict[str, Any]) -> dict[str, Any]:
         ids = body["generate_response"]["choices"][0]["token_ids"]
         eos = build_tokenizer().convert_tokens_to_ids("<|im_end|>")
         # The Gateway derenders without the stop token that ended the generation (vLLM's derender
@@ -416,45 +368,22 @@ class ScriptedChatModel:
             },
         }
 
-    async def _serve(self) -> None:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/v1/chat/completions/render", self._scale_out)
-        app.router.add_post("/v1/chat/completions/derender", self._scale_out)
-        app.router.add_post("/inference/v1/generate", self._scale_out)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        await web.SockSite(runner, self._sock).start()
-        self._stop = asyncio.Event()
-        self._ready.set()
-        try:
-            await self._stop.wait()
-        finally:
-            await runner.cleanup()
 
-    def start(self) -> ScriptedChatModel:
+class ScriptedChatModel(FakeModelServer):
+    """The scripted model on a loopback port: the fake model server's HTTP layer (and its scripted
+    faults, `script(Reply(status=503))`) over a `PolicyGenerator`. A bad request or a policy bug
+    answers 400 and its reason is kept in `errors`."""
+
+    def __init__(self, policy: Policy, host: str = "127.0.0.1", scale_out: bool = False) -> None:
+        super().__init__(host, generator=PolicyGenerator(policy))
+        # vLLM's scale-out endpoints (render / generate on tokens / derender), as with
+        # `vllm serve --enable-scale-out`; without them the Gateway passes calls through.
+        self.state.scale_out = scale_out
+
+    @property
+    def errors(self) -> list[str]:
+        return self.state.errors
+
+    def start(self) -> Self:
         build_tokenizer()  # train once, before the first call
-
-        def run() -> None:
-            self._loop = asyncio.new_event_loop()
-            self._loop.run_until_complete(self._serve())
-            self._loop.close()
-
-        self._thread = threading.Thread(target=run, name="scripted-model", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(30):
-            raise RuntimeError("the scripted model did not start")
-        return self
-
-    def stop(self) -> None:
-        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._stop.set)
-        if self._thread is not None:
-            self._thread.join(10)
-        self._sock.close()
-
-    def __enter__(self) -> ScriptedChatModel:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        return super().start()

@@ -13,7 +13,14 @@ import orjson
 import pytest
 
 from agentlightning.procs import ManagedProcess, free_port
-from tests.fakes.model_server import END, FakeModelServer, Reply, ToolCall, chat_prompt_ids, encode
+from agentlightning.testing.fake_model_server import (
+    END,
+    FakeModelServer,
+    Reply,
+    ToolCall,
+    chat_prompt_ids,
+    encode,
+)
 
 
 @pytest.fixture(scope="module")
@@ -267,7 +274,15 @@ def test_served_model_name_rejects_other_models() -> None:
 
 def test_runs_as_a_process_scripted_over_http(tmp_path: Path) -> None:
     port = free_port()
-    argv = [sys.executable, "-m", "tests.fakes.model_server", "--port", str(port), "--content", "hello"]
+    argv = [
+        sys.executable,
+        "-m",
+        "agentlightning.testing.fake_model_server",
+        "--port",
+        str(port),
+        "--content",
+        "hello",
+    ]
     proc = ManagedProcess("fake-model", argv, tmp_path / "fake.log", cwd=Path(__file__).parents[2]).start()
     try:
         url = f"http://127.0.0.1:{port}"

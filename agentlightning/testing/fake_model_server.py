@@ -20,7 +20,7 @@ In-process, for tests::
         fake.script(Reply(content="hi"), Reply(status=503))
         ... point a client or the Gateway at fake.base_url ...
 
-As a process, for benchmarks: `python -m tests.fakes.model_server --port 8000 --delay 0.05`.
+As a process, for benchmarks: `python -m agentlightning.testing.fake_model_server --port 8000 --delay 0.05`.
 A process is scripted over HTTP: `POST /fake/script` (a list of Reply objects as JSON),
 `GET /fake/requests`, `POST /fake/reset`, `POST /fake/gates/{name}/open`.
 
@@ -29,6 +29,10 @@ With `state.scale_out` (`--scale-out`) it also serves vLLM's scale-out endpoints
 prompt ids), `POST /inference/v1/generate` (the scripted answer's ids and log-probs) and
 `POST /v1/chat/completions/derender` (those ids back into the chat message); without it they
 answer 403, as vLLM does without the flag.
+
+Another model can stand behind the same HTTP layer: a `Generator` answers chat and scale-out
+calls in place of the toy tokenizer (`scripted_model.ScriptedChatModel` is this server with one),
+while the routes, the request log and the scripted faults stay the server's.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ import time
 import zlib
 from collections import deque
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Protocol, Self
 
 import orjson
 from aiohttp import web
@@ -220,6 +224,23 @@ def _answer(reply: Reply, default_content: str, max_tokens: int | None) -> _Answ
     return _Answer(tokens, content, reply.tool_calls, reply.finish_reason or finish)
 
 
+# --- another model behind the same HTTP layer ------------------------------------------------
+
+
+class Generator(Protocol):
+    """A model that answers instead of the toy one (e.g. `scripted_model.PolicyGenerator`): non-streamed
+    chat and vLLM's scale-out calls, each a request body to an answer body. The server keeps the
+    routes, the request log and the scripted faults; a generator's exception answers 400."""
+
+    def chat(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    def render(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    def generate(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    def derender(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+
 # --- server state ----------------------------------------------------------------------------
 
 
@@ -227,9 +248,15 @@ class FakeState:
     """The script, the request log and the gates. Shared by the server's loop and test threads."""
 
     def __init__(
-        self, delay: float = 0.0, default_content: str | None = None, served_model_name: str | None = None
+        self,
+        delay: float = 0.0,
+        default_content: str | None = None,
+        served_model_name: str | None = None,
+        generator: Generator | None = None,
     ) -> None:
         self.delay = delay
+        self.generator = generator
+        self.errors: list[str] = []  # the generator's failures (each answered 400)
         self.default_content = default_content
         self.served_model_name = served_model_name
         # Routes on every non-streamed answer, asked or not: vLLM 0.32 serving with
@@ -386,7 +413,7 @@ class _Call:
                 raise ValueError("'prompt' must be a string or a non-empty list of token ids")
             lp = body.get("logprobs")
             self.logprobs = lp is not None and lp is not False
-            self.top = int(lp) if self.logprobs else 0
+            self.top = int(lp) if lp is not None and self.logprobs else 0
         self.id = f"{'chatcmpl' if api == 'chat' else 'cmpl'}-{next(_ids)}"
         self.created = int(time.time())
 
@@ -541,22 +568,20 @@ def build_app(state: FakeState) -> web.Application:
     async def _serve(request: web.Request, api: str, body: Any) -> web.StreamResponse:
         if not isinstance(body, dict):
             return _error(400, "request body must be a JSON object")
+        if state.generator is not None:
+            messages = body.get("messages")
+            last = messages[-1] if isinstance(messages, list) and messages else None
+            key_text = _text(last.get("content")) if isinstance(last, dict) else ""
+            fault = await _fault(request, state.take(key_text))
+            return fault if fault is not None else await _generated(state.generator, api, body)
         try:
             call = _Call(api, body, state.routes_always)
         except (ValueError, TypeError) as exc:
             return _error(400, str(exc))
         reply = state.take(call.key_text)
-        if reply.gate is not None and reply.gate_after_chunks is None:
-            await state.gate_event(reply.gate).wait()
-        delay = reply.delay or state.delay
-        if delay:
-            await asyncio.sleep(delay)
-        if reply.drop:
-            assert request.transport is not None
-            request.transport.abort()
-            return web.Response()
-        if reply.status is not None:
-            return _error(reply.status, f"scripted error {reply.status}", reply.error_body)
+        fault = await _fault(request, reply)
+        if fault is not None:
+            return fault
         if state.served_model_name is not None and call.model != state.served_model_name:
             return _error(404, f"The model `{call.model}` does not exist.")
         answers = [_answer(reply, call.default_content(state), call.max_tokens) for _ in range(call.n)]
@@ -578,6 +603,33 @@ def build_app(state: FakeState) -> web.Application:
             await response.write(chunk)
         await response.write_eof()
         return response
+
+    async def _fault(request: web.Request, reply: Reply) -> web.Response | None:
+        """What a scripted reply does before any answer: hold at a gate, wait, drop, fail."""
+        if reply.gate is not None and reply.gate_after_chunks is None:
+            await state.gate_event(reply.gate).wait()
+        delay = reply.delay or state.delay
+        if delay:
+            await asyncio.sleep(delay)
+        if reply.drop:
+            assert request.transport is not None
+            request.transport.abort()
+            return web.Response()
+        if reply.status is not None:
+            return _error(reply.status, f"scripted error {reply.status}", reply.error_body)
+        return None
+
+    async def _generated(generator: Generator, api: str, body: dict[str, Any]) -> web.Response:
+        try:
+            if api != "chat":
+                raise ValueError("this model serves chat completions only")
+            if body.get("stream"):
+                raise ValueError("this model does not stream")
+            answer = await asyncio.to_thread(generator.chat, body)
+        except Exception as exc:  # a bad request or a generator's bug: answer 400, keep the reason
+            state.errors.append(f"{type(exc).__name__}: {exc}")
+            return _error(400, f"{type(exc).__name__}: {exc}")
+        return _json(answer)
 
     async def models(request: web.Request) -> web.Response:
         name = state.served_model_name or "fake"
@@ -619,6 +671,8 @@ def build_app(state: FakeState) -> web.Application:
             return _error(400, f"request body is not valid JSON: {exc}")
         state.enter(request.path, body)
         try:
+            if state.generator is not None:
+                return await _scale_out_generated(state.generator, request.path, body)
             if request.path.endswith("/render"):
                 return _json(_render(body))
             if request.path.endswith("/derender"):
@@ -628,6 +682,15 @@ def build_app(state: FakeState) -> web.Application:
             return _error(400, str(exc))
         finally:
             state.leave()
+
+    async def _scale_out_generated(generator: Generator, path: str, body: Any) -> web.Response:
+        step = generator.render if path.endswith("/render") else None
+        step = step or (generator.derender if path.endswith("/derender") else generator.generate)
+        try:
+            return _json(await asyncio.to_thread(step, body))
+        except Exception as exc:  # a bad request or a generator's bug: answer 400, keep the reason
+            state.errors.append(f"{type(exc).__name__}: {exc}")
+            return _error(400, str(exc))
 
     def _render(body: dict[str, Any]) -> dict[str, Any]:
         call = _Call("chat", body)
@@ -715,9 +778,10 @@ class FakeModelServer:
         delay: float = 0.0,
         default_content: str | None = None,
         served_model_name: str | None = None,
+        generator: Generator | None = None,
     ) -> None:
         self.host = host
-        self.state = FakeState(delay, default_content, served_model_name)
+        self.state = FakeState(delay, default_content, served_model_name, generator)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
@@ -749,7 +813,7 @@ class FakeModelServer:
     def wait_active(self, n: int, timeout: float = 10.0) -> None:
         self.state.wait_active(n, timeout)
 
-    def start(self) -> FakeModelServer:
+    def start(self) -> Self:
         self._thread = threading.Thread(target=self._run, name="fake-model-server", daemon=True)
         self._thread.start()
         self._ready.wait(10)
@@ -795,7 +859,7 @@ class FakeModelServer:
             self._thread.join(10)
         self._sock.close()
 
-    def __enter__(self) -> FakeModelServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

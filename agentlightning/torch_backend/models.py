@@ -1,0 +1,69 @@
+"""Model loading for the torch backend: a Hugging Face directory, or a built-in model by name.
+
+Built-in models are named in `BUILTIN_MODELS` by the import path of their builder (a function
+`(seed=...) -> (model, tokenizer)`), so a package that ships one (the demo's tiny model, the
+shipped default `model.path: demo`) is imported only when that name is asked for: the torch
+backend does not depend on it. `model.path` may also be such an import path itself
+(`package.module:function`), for a model built in code elsewhere.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+ModelBuilder = Callable[..., tuple[Any, Any]]
+"""`builder(seed=...)` → (model, tokenizer), both built in code (nothing downloaded)."""
+
+BUILTIN_MODELS: dict[str, str] = {
+    "demo": "agentlightning.demo.model:build_tiny",  # the demo's tiny Qwen2, random init
+}
+
+
+def is_builtin(name: str) -> bool:
+    """Whether `name` is built in code (a built-in name or a `module:function` path), not a directory."""
+    return name in BUILTIN_MODELS or _is_import_path(name)
+
+
+def _is_import_path(name: str) -> bool:
+    module, sep, function = name.partition(":")
+    return bool(sep) and function.isidentifier() and all(p.isidentifier() for p in module.split("."))
+
+
+def model_builder(name: str) -> ModelBuilder:
+    """The builder a built-in name or a `module:function` path refers to."""
+    module_name, _, function = BUILTIN_MODELS.get(name, name).partition(":")
+    builder = getattr(importlib.import_module(module_name), function, None)
+    if not callable(builder):
+        raise ValueError(f"model {name!r}: {module_name} has no function {function!r}")
+    return builder  # type: ignore[no-any-return]  # a callable found by name: its type is the contract
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in table:
+        raise ValueError(f"dtype must be one of auto, {', '.join(table)}; got {dtype!r}")
+    return table[dtype]
+
+
+def load_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> tuple[Any, Any]:
+    """(model, tokenizer) from a Hugging Face directory, or built in code for a built-in name."""
+    if is_builtin(name):
+        model, tokenizer = model_builder(name)(seed=seed)
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        model = AutoModelForCausalLM.from_pretrained(name)
+    return model.to(device=device, dtype=dtype).eval(), tokenizer
