@@ -15,11 +15,11 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from agentlightning.log import configure_logging
@@ -44,14 +44,20 @@ def load_cli_config(config_name: str, argv: Sequence[str], prog: str, strict: bo
         raise SystemExit(0)
     user_file, overrides = config_args(argv, prog)
     try:
-        base: DictConfig | ListConfig = _compose(config_name, [])
+        base = _compose(config_name, [])
         OmegaConf.set_struct(base, strict)
         user = [OmegaConf.load(user_file)] if user_file is not None else []
-        merged = OmegaConf.merge(base, *user, OmegaConf.from_dotlist(overrides))
-        assert isinstance(merged, DictConfig)  # merged onto a DictConfig, the result is one
-        return merged
+        return merge(base, *user, OmegaConf.from_dotlist(overrides))
     except (OmegaConfBaseException, ValueError) as exc:
         fail(prog, f"bad config: {exc}")
+
+
+def merge(base: DictConfig, *others: Any) -> DictConfig:
+    """`OmegaConf.merge` typed as what it gives onto a mapping: a DictConfig."""
+    merged = OmegaConf.merge(base, *others)
+    if not isinstance(merged, DictConfig):  # cannot happen: merging onto a DictConfig keeps its type
+        raise TypeError(f"merging onto a mapping gave a {type(merged).__name__}")
+    return merged
 
 
 def config_args(argv: Sequence[str], prog: str) -> tuple[Path | None, list[str]]:

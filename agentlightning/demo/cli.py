@@ -26,11 +26,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
-from agentlightning.config.loader import load_cli_config
+from agentlightning.config.loader import load_cli_config, merge
 from agentlightning.launch import start_controller, start_gateway
 from agentlightning.procs import ManagedProcess, ProcessFailed, free_port
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
@@ -135,7 +135,7 @@ class Demo:
     def train_config(self, model_dir: Path, train: Path, val: Path, overrides: Sequence[str]) -> DictConfig:
         """The trainer's config: `train.yaml`'s defaults, the demo's `train` block, this run's
         addresses and files, then the command line's `train.*` overrides (checked here, early)."""
-        runtime = {
+        runtime: dict[str, Any] = {
             "data": {"train_files": str(train), "val_files": str(val), "seed": self.seed},
             "actor_rollout_ref": {
                 "model": {"path": str(model_dir)},
@@ -160,8 +160,8 @@ class Demo:
             },
         }
         if self.cfg.trainer_backend != "torch":  # keys only the torch backend reads: verl refuses them set
-            del runtime["actor_rollout_ref"]["rollout"]["engine"]  # type: ignore[index]
-            del runtime["trainer"]["torch_threads"]  # type: ignore[index]
+            del runtime["actor_rollout_ref"]["rollout"]["engine"]
+            del runtime["trainer"]["torch_threads"]
         demo_block = OmegaConf.to_container(self.cfg.train)
         OmegaConf.save(OmegaConf.merge(demo_block, runtime), self.config_path)
         cfg = load_cli_config(
@@ -179,9 +179,7 @@ class Demo:
         from agentlightning.trainer.config import ConfigError, load_core_config
 
         base = load_cli_config("train", [], prog="agl-demo", strict=False)
-        cfg = OmegaConf.merge(
-            base, OmegaConf.to_container(self.cfg.train), OmegaConf.from_dotlist(list(overrides))
-        )
+        cfg = merge(base, OmegaConf.to_container(self.cfg.train), OmegaConf.from_dotlist(list(overrides)))
         try:
             load_core_config(cfg)
             load_torch_backend_config(cfg)

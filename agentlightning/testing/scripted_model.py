@@ -152,8 +152,7 @@ def build_tokenizer() -> Any:
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     # As in Qwen2.5: tool markers are added tokens but not special, so they reach the parser.
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKER_TOKENS])
-    # transformers' tokenizer classes are untyped
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")  # type: ignore[no-untyped-call]
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     hf.chat_template = QWEN25_CHAT_TEMPLATE
     return hf
 

@@ -39,7 +39,7 @@ def model_builder(name: str) -> ModelBuilder:
     builder = getattr(importlib.import_module(module_name), function, None)
     if not callable(builder):
         raise ValueError(f"model {name!r}: {module_name} has no function {function!r}")
-    return builder  # type: ignore[no-any-return]  # a callable found by name: its type is the contract
+    return builder  # a callable found by name: its type is the contract
 
 
 def resolve_device(device: str) -> torch.device:

@@ -26,6 +26,7 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
+from agentlightning.config.loader import merge
 from agentlightning.log import get_logger
 from agentlightning.trainer.config import (
     ConfigError,
@@ -81,10 +82,10 @@ def compose_config(
     base = copy.deepcopy(_packaged())
     OmegaConf.set_struct(base, False)
     if user is not None:
-        base = OmegaConf.merge(base, user if isinstance(user, DictConfig) else OmegaConf.create(dict(user)))
+        base = merge(base, user if isinstance(user, DictConfig) else OmegaConf.create(dict(user)))
     if overrides:
-        base = OmegaConf.merge(base, OmegaConf.from_dotlist(list(overrides)))
-    return base  # type: ignore[return-value]
+        base = merge(base, OmegaConf.from_dotlist(list(overrides)))
+    return base
 
 
 @functools.cache
@@ -129,7 +130,7 @@ def verl_view(cfg: DictConfig) -> DictConfig:
     """`cfg` without what verl does not read: the agentlightning block, our keys, other backends' keys;
     the loss as verl runs it: the registered weighted loss of `policy_loss.loss_mode`, `token-sum`
     over the core's weights (which carry `loss_agg_mode`)."""
-    view = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    view = merge(OmegaConf.create(), OmegaConf.to_container(cfg, resolve=True))  # a resolved copy
     OmegaConf.set_struct(view, False)
     view.pop("agentlightning", None)
     actor = OmegaConf.select(view, "actor_rollout_ref.actor")
