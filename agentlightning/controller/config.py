@@ -126,6 +126,6 @@ def load_controller_config(
     """
     schema = OmegaConf.structured(ControllerConfig)
     merged = OmegaConf.merge(schema, cfg or {}, overrides)
-    config: ControllerConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    config: ControllerConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]  # structured from ControllerConfig
     _validate(config)
     return config

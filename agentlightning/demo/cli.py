@@ -95,8 +95,8 @@ class Demo:
         )
         recipe = OmegaConf.to_container(self.cfg.model)
         if self.cfg.engine == "vllm":
-            recipe = {**recipe, **OmegaConf.to_container(self.cfg.vllm_model)}  # type: ignore[dict-item]
-        model_cfg = TinyModelConfig(**recipe)  # type: ignore[arg-type]
+            recipe = {**recipe, **OmegaConf.to_container(self.cfg.vllm_model)}  # type: ignore[dict-item]  # both mappings
+        model_cfg = TinyModelConfig(**recipe)  # type: ignore[arg-type]  # keys checked by demo.yaml's schema
         model, tokenizer = build_tiny(model_cfg, seed=self.seed)
         n_params = sum(p.numel() for p in model.parameters())
         started = time.perf_counter()

@@ -92,7 +92,7 @@ def create_app(
         if store.shared:  # replicas on one database: caches, long-polls and pause made coherent
             from agentlightning.server.replicas import ReplicaSync
 
-            state.replicas = ReplicaSync(state, store, live_tokens)  # type: ignore[arg-type]
+            state.replicas = ReplicaSync(state, store, live_tokens)  # type: ignore[arg-type]  # a PostgresStore (checked above)
             await state.replicas.start()
         gc_before = gc.get_threshold()
         gc.collect()

@@ -114,7 +114,7 @@ def load_server_config(cfg: DictConfig | dict[str, Any] | None = None, **overrid
     """Validate a (partial) config against the schema and return it as a typed object."""
     schema = OmegaConf.structured(ServerConfig)
     merged = OmegaConf.merge(schema, cfg or {}, overrides)
-    config: ServerConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
+    config: ServerConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]  # structured from ServerConfig above
     if config.max_body_bytes <= 0:
         raise ValueError(f"max_body_bytes must be positive, got {config.max_body_bytes}")
     if config.store.wal_max_bytes <= 0:

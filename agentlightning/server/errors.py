@@ -72,6 +72,7 @@ class StoreUnavailableMiddleware:
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    # Starlette types a handler's exception as plain Exception; ours take the subclass they handle.
     app.add_exception_handler(RequestValidationError, _validation)  # type: ignore[arg-type]
     app.add_exception_handler(RolloutNotFound, _not_found)  # type: ignore[arg-type]
     app.add_exception_handler(IllegalTransition, _conflict)  # type: ignore[arg-type]

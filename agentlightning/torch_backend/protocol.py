@@ -123,8 +123,8 @@ class CompletionRequest(_Common):
         if not p:
             raise ValueError("prompt must not be empty")
         if all(isinstance(x, int) for x in p):
-            return [list(p)]  # type: ignore[arg-type]
-        return list(p)  # type: ignore[arg-type]
+            return [list(p)]  # type: ignore[arg-type]  # all ints: one prompt of token ids
+        return list(p)  # type: ignore[arg-type]  # a batch: strings or id lists, as the schema allows
 
 
 def flatten_content(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

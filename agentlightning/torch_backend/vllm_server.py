@@ -405,7 +405,7 @@ def save_weights(
     cast to `dtype` when given (the serving dtype: half the bytes for bf16). `untie`: write a
     tied tensor under each of its names (e.g. `lm_head.weight` beside the embeddings), for a
     server that serves the model untied."""
-    return save_state(model.state_dict().items(), path, dtype, untie)  # type: ignore[attr-defined]
+    return save_state(model.state_dict().items(), path, dtype, untie)  # type: ignore[attr-defined]  # a torch module (untyped here)
 
 
 def save_state(

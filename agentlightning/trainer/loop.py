@@ -148,7 +148,7 @@ class TrainingLoop:
                 first_step=self.step,
                 project=self.loop.project_name,
                 experiment=self.loop.experiment_name,
-                config=OmegaConf.to_container(self.config, resolve=True),  # type: ignore[arg-type]
+                config=OmegaConf.to_container(self.config, resolve=True),  # type: ignore[arg-type]  # a DictConfig: a dict
                 gateway=manager.client,
             )
             log.info(

@@ -154,7 +154,7 @@ class Tracker:
 
     def _post(self, metrics: dict[str, float], step: int) -> None:
         try:
-            self._gateway.post_run_metrics(  # type: ignore[union-attr]
+            self._gateway.post_run_metrics(  # type: ignore[union-attr]  # _post runs only with a gateway
                 self.run_id, [{"step": step, "metrics": metrics, "time": time.time()}]
             )
         except Exception as exc:  # the dashboard's view is a convenience: never stop training for it

@@ -91,7 +91,7 @@ def compose_config(
 @functools.cache
 def _packaged_keys() -> dict[str, Any]:
     """The packaged config as a plain dict: which keys verl (and we) declare."""
-    return OmegaConf.to_container(compose_config(), resolve=False)  # type: ignore[return-value]
+    return OmegaConf.to_container(compose_config(), resolve=False)  # type: ignore[return-value]  # a DictConfig: a dict
 
 
 def _free_form(key: str) -> bool:

@@ -122,7 +122,7 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
 def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], where: str) -> None:
     kind = item.get("type", "message" if "role" in item else None)
     if kind == "message":
-        role = _ROLES.get(item.get("role"))  # type: ignore[arg-type]
+        role = _ROLES.get(item.get("role"))  # type: ignore[arg-type]  # a missing or odd role maps to None
         if role is None:
             raise ApiInputError(f"{where}: role must be one of user, assistant, system, developer")
         messages.append({"role": role, "content": _text_of(item.get("content", ""), f"{where}.content")})

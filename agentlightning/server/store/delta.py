@@ -200,7 +200,7 @@ def split_call(data: dict[str, Any], triplet: dict[str, Any]) -> tuple[bytes, by
             flags |= F_RESPONSE
             n_placeholders += 1
         if choice0 is not None:
-            resp["choices"] = [choice0, *choices[1:]]  # type: ignore[index]
+            resp["choices"] = [choice0, *choices[1:]]  # type: ignore[index]  # resp is a dict once choice0 is
         residual["response"] = resp
     messages: list[bytes] | None = None
     request = data.get("request")

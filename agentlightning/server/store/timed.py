@@ -60,5 +60,5 @@ def instrument_store(store: Store, metrics: GatewayMetrics) -> Store:
         event_written(record.event_type)
         return sequence
 
-    store.append_event = append_event  # type: ignore[method-assign]
+    store.append_event = append_event  # type: ignore[method-assign]  # timed in place: one store object
     return store
