@@ -28,8 +28,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentlightning.testing.example_stack import EXAMPLES, EXAMPLES_PYTHON, RolloutResult, example_stack
 from agentlightning.testing.scripted_policies import expression_for, number_in, tool_then_answer
-from tests.examples.harness import EXAMPLES, EXAMPLES_PYTHON, RolloutResult, example_stack
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from tests.examples.harness import EXAMPLES_PYTHON
+from agentlightning.testing.example_stack import EXAMPLES_PYTHON
 
 
 @pytest.fixture(scope="session")

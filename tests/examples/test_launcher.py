@@ -11,9 +11,9 @@ from types import ModuleType
 
 import pytest
 
+from agentlightning.testing.example_stack import EXAMPLES
 from agentlightning.torch_backend.config import load_torch_backend_config
 from agentlightning.trainer.config import load_core_config, load_training_config
-from tests.examples.harness import EXAMPLES
 
 
 def _load(path: Path, name: str) -> ModuleType:

@@ -21,8 +21,14 @@ from urllib.parse import urlparse
 
 import pytest
 
+from agentlightning.testing.example_stack import (
+    EXAMPLES,
+    EXAMPLES_PYTHON,
+    RolloutResult,
+    Stack,
+    example_stack,
+)
 from agentlightning.testing.scripted_model import tool_call_text
-from tests.examples.harness import EXAMPLES, EXAMPLES_PYTHON, RolloutResult, Stack, example_stack
 
 HERE = EXAMPLES / "llm_in_sandbox"
 AGENT = "sandbox_agent:SandboxAgent"

@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from agentlightning.procs import free_port
+from agentlightning.testing.example_stack import EXAMPLES, EXAMPLES_PYTHON
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
-from tests.examples.harness import EXAMPLES, EXAMPLES_PYTHON
 from tests.examples.test_run_local import MARKER, TINY, _end, _ours
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a loaded 2-core machine needs more than 300 s

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.examples.harness import EXAMPLES, RolloutResult, Stack, example_stack
+from agentlightning.testing.example_stack import EXAMPLES, RolloutResult, Stack, example_stack
 
 pytestmark = [
     pytest.mark.slow,

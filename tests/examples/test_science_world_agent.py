@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.examples.harness import EXAMPLES, EXAMPLES_PYTHON
+from agentlightning.testing.example_stack import EXAMPLES, EXAMPLES_PYTHON
 
 sys.path.insert(0, str(EXAMPLES / "science_world"))
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.examples.harness import EXAMPLES, EXAMPLES_PYTHON
+from agentlightning.testing.example_stack import EXAMPLES, EXAMPLES_PYTHON
 
 CALC_X = EXAMPLES / "calc_x"
 SCRIPTS = [CALC_X / "run_local.sh", CALC_X / "run_minikube.sh", CALC_X / "common.sh"]

@@ -26,7 +26,13 @@ import httpx
 import pytest
 
 from agentlightning.procs import ManagedProcess, free_port
-from tests.examples.harness import EXAMPLES, EXAMPLES_PYTHON, RolloutResult, Stack, example_stack
+from agentlightning.testing.example_stack import (
+    EXAMPLES,
+    EXAMPLES_PYTHON,
+    RolloutResult,
+    Stack,
+    example_stack,
+)
 
 HERE = EXAMPLES / "search_r1"
 AGENT = "search_r1_agent:SearchR1Agent"

@@ -14,11 +14,11 @@ import pytest
 import yaml
 
 from agentlightning.client import GatewayClient
+from agentlightning.testing.example_stack import EXAMPLES, EXAMPLES_PYTHON
 from examples.swe.bank import make_task
 from tests.conftest import RunningGateway, start_gateway
 from tests.controller.helpers import start_controller, wait_until
 from tests.controller.k8s_helpers import FakeKubernetes, start_fake_kubernetes
-from tests.examples.harness import EXAMPLES, EXAMPLES_PYTHON
 
 SWE = EXAMPLES / "swe"
 TEMPLATE = (SWE / "job-template.yaml").read_text()

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from agentlightning.sandbox import available
+from agentlightning.testing.example_stack import REPO, example_stack
 from agentlightning.testing.scripted_model import tool_call_text
 from examples.swe.bank import make_task
-from tests.examples.harness import REPO, example_stack
 
 pytestmark = pytest.mark.timeout(1200)  # two harness runs, each ~10 s of work, minutes on a loaded machine
 SWE_PYTHON = REPO / ".venv-swe" / "bin" / "python"

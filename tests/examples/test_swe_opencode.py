@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from agentlightning.sandbox import available
+from agentlightning.testing.example_stack import REPO, example_stack
 from agentlightning.testing.scripted_model import tool_call_text
 from examples.swe.bank import make_task
 from examples.swe.opencode_agent import npm_prefix
-from tests.examples.harness import REPO, example_stack
 
 pytestmark = pytest.mark.timeout(1200)  # two harness runs, seconds of work each, minutes on a loaded machine
 SWE_PYTHON = REPO / ".venv-swe" / "bin" / "python"

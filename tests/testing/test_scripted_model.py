@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 
 from agentlightning.aggregation import AggregationStats, aggregate_rollout
+from agentlightning.testing.example_stack import first_merge_break
 from agentlightning.testing.fake_model_server import Reply
 from agentlightning.testing.scripted_model import (
     ScriptedChatModel,
@@ -20,7 +21,6 @@ from agentlightning.testing.scripted_model import (
     render_prompt,
     tool_call_text,
 )
-from tests.examples.harness import first_merge_break
 
 TOOLS = [
     {

@@ -1,6 +1,7 @@
 """Run an example's real agent through a real Gateway and Controller against the scripted model,
 and read back what the trainer core makes of it. Used by the example tests and by
-`bench/merge_report.py`.
+`bench/merge_report.py`; it needs a source checkout (the repository's `examples/` and
+`.venv-examples`).
 
 The agent runs in its own interpreter (`.venv-examples/bin/python`, the frameworks without
 torch), started by a real `agl-controller` (local runner) for rollouts created on a real
@@ -200,7 +201,7 @@ def first_merge_break(calls: list[dict[str, Any]]) -> str | None:
     generated = [(len(seq), len(seq) + len(usable[0].response_ids))]  # spans the model wrote
     seq += usable[0].response_ids
     for n, call in enumerate(usable[1:], start=2):
-        prompt = call.prompt_ids
+        prompt = list(call.prompt_ids)
         if prompt[: len(seq)] == seq:
             generated.append((len(prompt), len(prompt) + len(call.response_ids)))
             seq = [*prompt, *call.response_ids]
