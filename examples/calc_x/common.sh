@@ -78,8 +78,10 @@ start_controller() {
 # train ARGS...: $TRAIN_SCRIPT (default train_calc_agent.py) against this Gateway; returns its exit
 # status. It runs in the background only so that this script reacts to Ctrl-C at once; its output
 # comes here.
+# --agl-key=KEY, not --agl-key KEY: a random key may start with "-" (token_urlsafe's alphabet),
+# which argparse would take for an option.
 train() {
-  "$PYTHON" "${TRAIN_SCRIPT:-$HERE/train_calc_agent.py}" --agl-base-url "$URL" --agl-key "$KEY" \
+  "$PYTHON" "${TRAIN_SCRIPT:-$HERE/train_calc_agent.py}" --agl-base-url "$URL" --agl-key="$KEY" \
     trainer.output_dir="$RUN_DIR/trainer" "$@" &
   PIDS+=($!)
   local status=0

@@ -21,7 +21,7 @@ command -v java >/dev/null 2>&1 || { echo "run_local.sh: no java on PATH (Debian
 
 # common.sh's train() runs Calc-X's script: this one runs ScienceWorld's.
 train() {
-  "$PYTHON" "$SW_HERE/train_sw_agent.py" --agl-base-url "$URL" --agl-key "$KEY" \
+  "$PYTHON" "$SW_HERE/train_sw_agent.py" --agl-base-url "$URL" --agl-key="$KEY" \
     trainer.output_dir="$RUN_DIR/trainer" "$@" &
   PIDS+=($!)
   local status=0

@@ -10,9 +10,11 @@ import pytest
 from omegaconf import OmegaConf
 
 from agentlightning.torch_backend import trainer as trainer_module
+from agentlightning.torch_backend.config import load_torch_backend_config
 from agentlightning.torch_backend.models import BUILTIN_MODELS, is_builtin, model_builder
 from agentlightning.torch_backend.rollout_engine import RolloutEngine
 from agentlightning.torch_backend.trainer import TorchBackend
+from agentlightning.trainer.config import load_training_config
 
 pytestmark = pytest.mark.timeout(600)  # a hang guard, not a speed test: machines may be busy
 
@@ -53,7 +55,7 @@ def test_the_backend_drives_any_engine_through_the_seam(
             "trainer": {"output_dir": str(tmp_path / "run"), "torch_threads": 0},
         }
     )
-    backend = TorchBackend(cfg)
+    backend = TorchBackend(load_training_config(cfg), load_torch_backend_config(cfg))
     assert backend.start(3, 2, 5, None) == ["http://127.0.0.1:1/v1"]
     backend.publish(3)
     backend.close()
