@@ -1,0 +1,194 @@
+"""The coding CLIs, unchanged, end to end: Gateway + Controller + the scripted model speaking
+through each CLI's own prompts and shell tool — Codex CLI (npm `@openai/codex`, its `exec_command`
+tool over the Responses route) and opencode (npm `opencode-ai`, its `bash` tool over the Anthropic
+Messages route); the whole CLI process in the bubblewrap sandbox, reaching only the Gateway; the
+hidden tests decide the reward. Task solved -> 1, wrong fix -> 0; calls captured with token ids."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentlightning.sandbox import available
+from agentlightning.testing.example_stack import REPO, example_stack
+from agentlightning.testing.scripted_model import tool_call_text
+from examples.swe import codex_agent, opencode_agent
+from examples.swe.bank import make_task
+
+pytestmark = pytest.mark.timeout(1200)  # two harness runs, seconds of work each, minutes on a loaded machine
+SWE_PYTHON = REPO / ".venv-swe" / "bin" / "python"
+SOLVED, WRONG = make_task(3, 0), make_task(4, 0)
+RUNNING = re.compile(r"Process running with session ID (\d+)")  # Codex: a command outlasted its wait
+
+
+@dataclass(frozen=True)
+class Harness:
+    name: str
+    binary: Path
+    make_target: str
+    agent: str  # the rollout agent class that runs the CLI in the sandbox
+    api: str  # what the Gateway records as the call's API
+    shell: Callable[[str], tuple[str, dict[str, Any]]]  # command -> the CLI's shell tool call
+    system_marker: str  # in the CLI's own system prompt
+    result_marker: str  # in the prompt once the tool's result came back
+
+
+HARNESSES = [
+    Harness(
+        "codex",
+        codex_agent.npm_prefix() / "node_modules" / ".bin" / "codex",
+        "codex",
+        "examples.swe.codex_agent:CodexSweAgent",
+        "responses",
+        lambda command: ("exec_command", {"cmd": command, "yield_time_ms": 30000}),
+        "You are a coding agent running in the Codex CLI",
+        "Process exited with code 0",
+    ),
+    Harness(
+        "opencode",
+        opencode_agent.npm_prefix() / "node_modules" / ".bin" / "opencode",
+        "opencode",
+        "examples.swe.opencode_agent:OpencodeSweAgent",
+        "anthropic.messages",
+        lambda command: ("bash", {"command": command}),
+        "You are opencode",
+        "<tool_response>",
+    ),
+]
+
+
+@pytest.fixture(params=HARNESSES, ids=[h.name for h in HARNESSES])
+def harness(request: pytest.FixtureRequest) -> Harness:
+    h: Harness = request.param
+    missing = [
+        m
+        for m, ok in (
+            ("bubblewrap", available()),
+            (".venv-swe (make swe-venv)", SWE_PYTHON.exists()),
+            (f".npm-{h.name} (make {h.make_target})", h.binary.exists()),
+        )
+        if not ok
+    ]
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(f"required on CI: {missing}")
+        pytest.skip(f"missing: {missing}")
+    return h
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content or ""
+
+
+def engineer(harness: Harness) -> Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]:
+    """A deterministic 'engineer' on the CLI's shell tool: read the issue, apply a fix (the reference
+    one, or a wrong edit for the WRONG task), run the visible tests, then answer in text, which ends
+    the CLI's run. A command still running when Codex yields (after `yield_time_ms`) is waited for
+    with `write_stdin` on its session, as Codex's tools ask."""
+
+    def policy(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        tool, _ = harness.shell("")
+        names = [t["function"]["name"] for t in tools or []]
+        assert tool in names, names
+        users = "\n".join(_text(m["content"]) for m in messages if m["role"] == "user")
+        task = SOLVED if SOLVED.problem_statement.splitlines()[0] in users else WRONG
+        module = task.patch.splitlines()[0].split("a/", 1)[1]
+        results = [_text(m["content"]) for m in messages if m["role"] == "tool"]
+        running = RUNNING.search(results[-1]) if results else None
+        if running:
+            return tool_call_text("write_stdin", {"session_id": int(running.group(1)), "chars": ""})
+        turn = sum(not RUNNING.search(r) for r in results)
+        if turn == 0:
+            command = f"cat ISSUE.md && grep -n 'def ' {module}"
+            if task is WRONG:  # the sandbox: the repository (and the task generator) is not there
+                command += f"; ls {REPO / 'examples' / 'swe'} 2>&1 | tail -1"
+        elif turn == 1 and task is SOLVED:
+            command = f"patch -p1 <<'EOF'\n{task.patch}EOF"
+        elif turn == 1:
+            command = f"sed -i 's/return /return None or /' {module}"  # looks busy, fixes nothing
+        elif turn == 2:
+            command = "python -m pytest -q tests 2>&1 | tail -3"
+        else:
+            return "The fix is in and the visible tests pass."
+        # The WRONG task's turns start with a sentence before the call; the SOLVED task's do not.
+        preface = f"Step {turn + 1}.\n" if task is WRONG else ""
+        return preface + tool_call_text(*harness.shell(command))
+
+    return policy
+
+
+def _polls(calls: list[dict[str, Any]]) -> int:
+    """Codex's waits on a slow command (its Responses answers' `output`; opencode never waits)."""
+    return sum("write_stdin" in str((c["data"].get("api_response") or {}).get("output", "")) for c in calls)
+
+
+def test_the_cli_solves_and_fails_through_gateway_and_controller(tmp_path: Path, harness: Harness) -> None:
+    with example_stack(
+        engineer(harness),
+        "swe",
+        tmp_path,
+        f"local_runner.python={SWE_PYTHON}",
+        agent_env={"PYTHONPATH": str(REPO)},
+    ) as stack:
+        solved, wrong = stack.run(
+            harness.agent,
+            {"TASK_ID": "input.task_id"},
+            [{"task_id": SOLVED.instance_id}, {"task_id": WRONG.instance_id}],
+            timeout=600,
+        )
+    for r in (solved, wrong):
+        assert r.state == "succeeded", (r.error, r.log[-3000:])
+        calls = r.model_requests
+        # read, edit, test, answer (+ Codex's waits on a slow command)
+        assert len(calls) == 4 + _polls(calls), r.log[-3000:]
+        for call in calls:
+            assert call["data"]["api"] == harness.api
+            assert call["data"]["http_status"] == 200
+            assert call["data"]["response"]["prompt_token_ids"]
+            assert call["data"]["response"]["choices"][0]["token_ids"]
+        # The CLI's own prompt reached the model, and its tool's results came back.
+        assert harness.system_marker in r.prompt_text(0)
+        assert harness.result_marker in r.prompt_text(1)
+    assert solved.rewards == [1.0] and wrong.rewards == [0.0]
+    last = len(solved.model_requests) - 1
+    assert "passed" in solved.prompt_text(last)  # the visible tests ran inside the sandbox
+    assert "No such file or directory" in wrong.prompt_text(1)  # the repository is not mounted
+    # Bare tool calls: every call extends the previous prompt + answer token for token, one row.
+    assert len(solved.rows) == 1, (solved.merge_break(), solved.stats)
+    assert solved.rows[0].reward == 1.0
+    # A sentence before each call: through the pass-through Gateway each turn re-renders differently
+    # (the hermes parser keeps the newline before <tool_call>, the template adds its own): a row a call.
+    assert len(wrong.rows) == len(wrong.model_requests) and all(row.reward == 0.0 for row in wrong.rows)
+    assert "re-renders an earlier model turn" in (wrong.merge_break() or "")
+
+
+def test_the_cli_makes_one_row_through_the_token_exact_gateway(tmp_path: Path, harness: Harness) -> None:
+    """The same wrong-fix rollout, served on token ids (vLLM's scale-out endpoints): the Gateway puts
+    back the tokens the model wrote, so the CLI's re-sent history extends the row: one row."""
+    with example_stack(
+        engineer(harness),
+        "swe",
+        tmp_path,
+        f"local_runner.python={SWE_PYTHON}",
+        agent_env={"PYTHONPATH": str(REPO)},
+        scale_out=True,
+    ) as stack:
+        (wrong,) = stack.run(
+            harness.agent, {"TASK_ID": "input.task_id"}, [{"task_id": WRONG.instance_id}], timeout=600
+        )
+    assert wrong.state == "succeeded", (wrong.error, wrong.log[-3000:])
+    calls = wrong.model_requests
+    assert len(calls) == 4 + _polls(calls) and wrong.rewards == [0.0], wrong.log[-3000:]
+    assert calls[0]["data"]["segment"].get("first") is True
+    assert all(c["data"]["segment"].get("continues") is True for c in calls[1:]), [
+        c["data"]["segment"] for c in calls
+    ]
+    assert len(wrong.rows) == 1, (wrong.merge_break(), wrong.stats)
