@@ -100,10 +100,12 @@ test:
 	AGL_TEST_STORE=postgres $(PYTEST) $(POSTGRES_PASS)
 	$(VERL_VENV)/bin/python -m pytest -q tests/verl
 
-# The unit tests only: no heavy venv, no end-to-end run (`-m "not slow"`), no browser; minutes.
-FAST_IGNORE := tests/vllm tests/verl tests/e2e tests/examples tests/dashboard tests/compat
+# The unit tests only: no heavy venv, no training run, no end-to-end run, no browser, no bench.
+# Four workers: these tests mostly wait on the Gateways they start.
+FAST_IGNORE := tests/vllm tests/verl tests/e2e tests/examples tests/dashboard tests/compat tests/bench \
+	tests/torch_backend
 test-fast: lint
-	$(PYTEST) -m "not slow" $(addprefix --ignore=,$(FAST_IGNORE))
+	$(BIN)/pytest -q -n 4 --dist loadgroup -m "not slow" $(addprefix --ignore=,$(FAST_IGNORE))
 
 # The full loop on CPU: Gateway, Controller and trainer as three processes (docs/demo.md).
 demo: venv

@@ -168,6 +168,12 @@ async def test_watch_resumes_from_a_resource_version_and_filters_by_label(api: k
 
 def test_list_pages_with_continue(fake: FakeKubernetes) -> None:
     with fake.http() as http:
+        # Two Jobs of its own: the ones earlier tests made may be finished and deleted by now.
+        for name in ("page-one", "page-two"):
+            created = http.post(
+                "/apis/batch/v1/namespaces/default/jobs", json=job(name, "import time; time.sleep(60)")
+            )
+            assert created.status_code == 201, created.text
         first = http.get("/apis/batch/v1/namespaces/default/jobs", params={"limit": 1}).json()
         assert len(first["items"]) == 1 and first["metadata"].get("continue")
         rest = http.get(
