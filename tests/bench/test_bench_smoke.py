@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentlightning.pgserver import find_bin_dir
+from tests.heavy import require
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES_PYTHON = REPO / ".venv-examples" / "bin" / "python"
@@ -48,11 +49,7 @@ def test_every_bench_script_is_smoke_tested_or_a_helper() -> None:
 
 @pytest.mark.parametrize("name", sorted(SMOKES))
 def test_bench_smoke(name: str) -> None:
-    missing = _missing(name)
-    if missing:
-        if os.environ.get("CI") == "true":
-            pytest.fail(missing)
-        pytest.skip(missing)
+    require(_missing(name))
     interpreter, report = SMOKES[name]
     env = {**os.environ, "PYTHONPATH": str(REPO)}  # bench.* and this tree's agentlightning
     out = subprocess.run(

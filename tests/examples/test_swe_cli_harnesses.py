@@ -6,7 +6,6 @@ hidden tests decide the reward. Task solved -> 1, wrong fix -> 0; calls captured
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from agentlightning.testing.example_stack import REPO, example_stack
 from agentlightning.testing.scripted_model import tool_call_text
 from examples.swe import codex_agent, opencode_agent
 from examples.swe.bank import make_task
+from tests.heavy import require
 
 pytestmark = pytest.mark.timeout(1200)  # two harness runs, seconds of work each, minutes on a loaded machine
 SWE_PYTHON = REPO / ".venv-swe" / "bin" / "python"
@@ -75,10 +75,7 @@ def harness(request: pytest.FixtureRequest) -> Harness:
         )
         if not ok
     ]
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail(f"required on CI: {missing}")
-        pytest.skip(f"missing: {missing}")
+    require(missing)
     return h
 
 

@@ -21,6 +21,7 @@ from agentlightning.sandbox import available
 from agentlightning.testing.example_stack import EXAMPLES, REPO
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
 from tests.examples.test_run_local import MARKER, TINY, _end, _ours
+from tests.heavy import require
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 SWE = EXAMPLES / "swe"
@@ -35,11 +36,7 @@ ARGS = [
 
 
 def _need() -> None:
-    missing = [m for m, ok in (("bubblewrap", available()), (".venv-swe", SWE_PYTHON.exists())) if not ok]
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail(f"required on CI: {missing}")
-        pytest.skip(f"missing: {missing}")
+    require([m for m, ok in (("bubblewrap", available()), (".venv-swe", SWE_PYTHON.exists())) if not ok])
 
 
 def _sandboxed(tmp: Path) -> list[int]:

@@ -27,6 +27,7 @@ from agentlightning.demo.task import TOOLS
 from agentlightning.schemas import Model, RolloutCreate
 from agentlightning.torch_backend.vllm_server import reload_weights, reset_prefix_cache
 from tests.conftest import RunningGateway, start_gateway
+from tests.heavy import require
 
 from .compact import save_compact_weights
 from .conftest import SERVED_NAME, ScriptedVLLM
@@ -264,10 +265,7 @@ print(json.dumps(Runner.run_sync(agent, sys.argv[2]).final_output))
 def test_openai_agents_sdk_on_its_default_model(
     gateways: dict[str, RunningGateway], vllm_server: ScriptedVLLM, tmp_path: Path
 ) -> None:
-    if not EXAMPLES_PYTHON.exists():
-        if os.environ.get("CI"):
-            pytest.fail(".venv-examples (the OpenAI Agents SDK) must exist on CI")
-        pytest.skip(".venv-examples is not built here")
+    require([] if EXAMPLES_PYTHON.exists() else [".venv-examples (the OpenAI Agents SDK)"])
     rollout = Rollout(gateways["exact"])
     env = {
         "PATH": os.environ.get("PATH", ""),
