@@ -12,6 +12,13 @@ before top-p/top-k truncation. The policy update recomputes exactly this quantit
 the same weights divided by the rollout temperature), so the PPO ratio is 1 on fresh data and
 the two agree to float precision in fp32. Truncation is not reflected, as in verl+vLLM.
 
+Sampling randomness. Each sequence draws its uniforms from a counter-based stream (SplitMix64
+of a per-sequence key and the token's index), vectorised over the batch. The key is the
+request's `seed` when it has one; otherwise it is derived from the engine's seed, the weights'
+version, the prompt, the sampling settings and how many identical requests came before at this
+version. So a run is reproducible however its requests interleave: the k-th identical request
+gets the same sample whichever agent sent it (samples of one prompt are exchangeable in a group).
+
 Weight publishing. `publish()` hands new weights to the engine thread, which stops admitting
 new sequences, lets the running ones finish on the old weights, swaps the weights in place,
 bumps the version and resumes. Requests that arrive meanwhile wait in the queue; none fail, and
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import threading
 import time
 from collections import deque
@@ -30,10 +38,12 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import torch
 
 from agentlightning.log import get_logger
 from agentlightning.torch_backend import hf_compat
+from agentlightning.wire import ids_to_bytes
 
 log = get_logger("torch_engine")
 
@@ -103,6 +113,31 @@ class SequenceResult:
     version: int
 
 
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+_MAX_REPEATS = 1 << 20  # distinct unseeded requests remembered per version (~100 MB at most)
+
+
+def _mix64(value: int) -> int:
+    """SplitMix64's finaliser: a user's small seeds (0, 1, 2...) become unrelated stream keys."""
+    z = (value + _GOLDEN) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _uniforms(keys: Sequence[int], counters: Sequence[int]) -> np.ndarray:
+    """Uniforms in [0, 1): SplitMix64 output `counter` of the stream `key`, for all rows at once
+    (uint64 arithmetic wraps, as SplitMix64 wants)."""
+    z = np.array(keys, dtype=np.uint64) + (np.array(counters, dtype=np.uint64) + np.uint64(1)) * np.uint64(
+        _GOLDEN
+    )
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
 class IncrementalDetokenizer:
     """Text deltas token by token (vLLM's prefix/read-offset scheme); holds back partial UTF-8."""
 
@@ -131,7 +166,7 @@ class _Seq:
     prompt_ids: list[int]
     params: SamplingParams
     sink: Callable[[StepOutput], None]
-    generator: torch.Generator | None = None
+    key: int = 0  # the sampling stream's key (see "Sampling randomness")
     out_ids: list[int] = field(default_factory=list)
     detok: IncrementalDetokenizer | None = None
     emitted: int = 0  # characters of detok.text already delivered
@@ -213,8 +248,10 @@ class TorchEngine:
         self.eos_ids = self._eos_ids()
         self.stats = EngineStats()
         self._version = version
-        self._generator = torch.Generator(device=self.device)
-        self._generator.manual_seed(seed)
+        self._seed = seed
+        # Identical unseeded requests seen at `_repeats_version`: their count is part of the key.
+        self._repeats: dict[bytes, int] = {}
+        self._repeats_version = version
         self._cv = threading.Condition()
         self._pending: deque[_Seq] = deque()
         self._swaps: deque[_Swap] = deque()
@@ -277,20 +314,33 @@ class TorchEngine:
         for prompt_ids, params, sink in items:
             params.validate()
             self.check_prompt(prompt_ids, params.max_tokens)
-            generator = None
-            if params.seed is not None:
-                generator = torch.Generator(device=self.device)
-                generator.manual_seed(params.seed)
-            seq = _Seq(list(prompt_ids), params, sink, generator)
+            seq = _Seq(list(prompt_ids), params, sink)
             if params.detokenize or params.stop:
                 seq.detok = IncrementalDetokenizer(self.tokenizer)
             seqs.append(seq)
         with self._cv:
             if self._closing:
                 raise EngineError("the engine is shut down")
+            for seq in seqs:
+                seq.key = self._sampling_key(seq.prompt_ids, seq.params)
             self._pending.extend(seqs)
             self._cv.notify()
         return seqs
+
+    def _sampling_key(self, prompt_ids: list[int], params: SamplingParams) -> int:
+        """The key of a sequence's random stream (under `_cv`): see "Sampling randomness"."""
+        if params.seed is not None:
+            return _mix64(params.seed)
+        if self._repeats_version != self._version or len(self._repeats) >= _MAX_REPEATS:
+            self._repeats.clear()  # a new version starts new streams; the bound keeps memory flat
+            self._repeats_version = self._version
+        request = hashlib.blake2b(ids_to_bytes(prompt_ids) or b"", digest_size=16)
+        request.update(repr(params).encode())
+        digest = request.digest()
+        count = self._repeats.get(digest, 0)
+        self._repeats[digest] = count + 1
+        key = hashlib.blake2b(digest, digest_size=8, key=f"{self._seed}/{self._version}/{count}".encode())
+        return int.from_bytes(key.digest(), "little")
 
     def add_request(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams, n: int = 1
@@ -546,13 +596,11 @@ class TorchEngine:
         chosen = scaled.argmax(dim=-1)
         if not bool(greedy.all()):
             filtered = _truncate(scaled, rows)
-            # Inverse-CDF sampling: one uniform per row (from the row's own generator when it
-            # has a seed); ~25x cheaper than exponential/Gumbel noise over the whole vocabulary.
+            # Inverse-CDF sampling: one uniform per row from the row's own stream; ~25x cheaper
+            # than exponential/Gumbel noise over the whole vocabulary.
             cdf = torch.softmax(filtered, dim=-1).cumsum(dim=-1)
-            u = torch.rand((len(rows), 1), generator=self._generator, device=logits.device)
-            for i, r in enumerate(rows):
-                if r.generator is not None:
-                    u[i] = torch.rand(1, generator=r.generator, device=logits.device)
+            uniforms = _uniforms([r.key for r in rows], [len(r.out_ids) for r in rows])
+            u = torch.from_numpy(uniforms).to(device=logits.device, dtype=cdf.dtype).unsqueeze(1)
             # Scaled by the total (rounding) and kept above 0, so a zero-probability token never wins.
             u = (u * cdf[:, -1:]).clamp_min(torch.finfo(cdf.dtype).tiny)
             sampled = torch.searchsorted(cdf, u).squeeze(1).clamp_max(cdf.shape[-1] - 1)

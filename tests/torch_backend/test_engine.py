@@ -139,6 +139,56 @@ def test_seeded_sampling_is_reproducible_and_temperature_changes_it(engine: Torc
     assert engine.generate([[3, 4]], cold)[0].token_ids == engine.generate([[3, 4]], greedy)[0].token_ids
 
 
+def test_unseeded_samples_do_not_depend_on_arrival_order(tiny_model: Any, tokenizer: Any) -> None:
+    """Identical unseeded requests get distinct samples, and the same set of samples whichever
+    order (and batch) they arrive in; a new version gives new samples."""
+    p = SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True)
+    prompts = [[3, 4], [3, 4], [3, 4], [5, 6, 7], [3, 4], [5, 6, 7]]
+
+    def samples(order: list[int], max_num_seqs: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+        eng = TorchEngine(fresh_copy(tiny_model, tokenizer), tokenizer, max_num_seqs=max_num_seqs, seed=7)
+        try:
+            outs = [eng.generate([prompts[i]], p)[0] for i in order[:2]]  # one at a time...
+            outs += eng.generate([prompts[i] for i in order[2:]], p)  # ...then batched together
+        finally:
+            eng.close()
+        return sorted((tuple(o.prompt_ids), tuple(o.token_ids)) for o in outs)
+
+    first = samples([0, 1, 2, 3, 4, 5], max_num_seqs=4)
+    assert samples([5, 4, 3, 2, 1, 0], max_num_seqs=2) == first
+    of_prompt = [ids for prompt, ids in first if prompt == (3, 4)]
+    assert len(set(of_prompt)) == len(of_prompt) == 4  # four draws, not one repeated
+
+    eng = TorchEngine(fresh_copy(tiny_model, tokenizer), tokenizer, seed=7)
+    try:
+        before = eng.generate([[3, 4]], p)[0].token_ids
+        eng.publish({}, partial=True)  # same weights, next version
+        after = eng.generate([[3, 4]], p)[0].token_ids
+    finally:
+        eng.close()
+    assert tuple(before) in of_prompt  # version 0's first draw, as in the engines above
+    assert tuple(after) not in of_prompt
+
+
+def test_sampling_matches_the_model_distribution(tiny_model: Any, tokenizer: Any) -> None:
+    """The counter-based uniforms sample tokens at the model's probabilities (one step, many draws)."""
+    p = SamplingParams(max_tokens=1, temperature=1.0, ignore_eos=True)
+    model = fresh_copy(tiny_model, tokenizer)
+    with torch.inference_mode():
+        logits = model(torch.tensor([[3, 4]])).logits[0, -1]
+    probs = torch.softmax(logits.float(), dim=-1)
+    engine = TorchEngine(model, tokenizer, max_num_seqs=256)
+    try:
+        draws = engine.generate([[3, 4]] * 1000, p)
+    finally:
+        engine.close()
+    counts = torch.bincount(torch.tensor([d.token_ids[0] for d in draws]), minlength=probs.numel())
+    top = probs.topk(3).indices
+    for token in top.tolist():  # the likeliest tokens: observed frequency within 5 sigma
+        expected = 1000 * probs[token].item()
+        assert abs(counts[token].item() - expected) <= 5 * (expected * (1 - probs[token].item())) ** 0.5 + 1
+
+
 def test_backend_config_reads_verl_keys_and_ignores_verl_only_ones() -> None:
     cfg = load_torch_backend_config(
         {
