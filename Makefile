@@ -7,7 +7,7 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 LINT_DIRS := $(wildcard agentlightning tests bench examples docs)
 
-.PHONY: venv vllm test test-fast test-verl lint typecheck demo clean examples-venv swe-venv codex opencode
+.PHONY: venv vllm test test-core test-postgres test-fast test-verl lint typecheck demo clean examples-venv swe-venv codex opencode
 
 venv: $(STAMP)
 vllm: $(VLLM_STAMP)
@@ -93,12 +93,23 @@ POSTGRES_PASS := tests/server/test_api.py tests/server/test_batch_routes.py test
 TEST_ENVS := $(STAMP) $(V1)/.installed .venv-examples/.installed $(VERL_VENV)/.installed $(VLLM_STAMP) \
 	.venv-swe/.installed .npm-codex/.installed .npm-opencode/.installed
 
-# The main suite, then the verl backend's tests in verl's venv (tests/verl is skipped by the first).
+# The tests that need an environment besides .venv (vLLM, the agent frameworks, the coding CLIs,
+# v1.0.2, the bench's retrieval service); everything else is the core suite.
+HEAVY_TESTS := tests/vllm tests/examples tests/compat tests/bench
+
+# The core suite runs while the other environments are still being built (most of their time is
+# downloading and unpacking); then the heavy tests; then the Postgres pass beside verl's tests
+# (in verl's venv; tests/verl is skipped by the others).
 test:
-	$(MAKE) --no-print-directory -j4 lint typecheck $(TEST_ENVS)
-	$(PYTEST)
+	$(MAKE) --no-print-directory -j5 $(STAMP) test-core lint typecheck $(TEST_ENVS)
+	$(PYTEST) $(HEAVY_TESTS)
+	$(MAKE) --no-print-directory -j2 test-postgres test-verl
+
+test-core: $(STAMP)
+	$(PYTEST) $(addprefix --ignore=,$(HEAVY_TESTS))
+
+test-postgres: $(STAMP)
 	AGL_TEST_STORE=postgres $(PYTEST) $(POSTGRES_PASS)
-	$(VERL_VENV)/bin/python -m pytest -q tests/verl
 
 # The unit tests only: no heavy venv, no training run, no end-to-end run, no browser, no bench.
 # Four workers: these tests mostly wait on the Gateways they start.
