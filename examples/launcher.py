@@ -14,12 +14,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import signal
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -108,28 +106,23 @@ def load_run_ppo(backend: str) -> Callable[..., Any]:
     )
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(example: Mapping[str, Any], argv: Sequence[str] | None = None, prog: str | None = None) -> None:
     prog = prog or Path(sys.argv[0]).name
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv, prog)
     cfg = build_config(example, args, overrides, prog)
     run_ppo = load_run_ppo(args.backend)
     from agentlightning.client import GatewayUnavailable, Unauthorized
+    from agentlightning.config.loader import catch_interrupts, exit_on_interrupt
     from agentlightning.log import configure_logging
     from agentlightning.trainer.config import ConfigError
 
     configure_logging(str(cfg.trainer.log_level))
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Gateway request is noise
     # SIGTERM (run_local.sh's clean-up) stops training like Ctrl-C: rollouts in flight are failed.
-    signal.signal(signal.SIGTERM, _interrupt)
+    catch_interrupts()
     try:
-        run_ppo(cfg)
-    except KeyboardInterrupt:
-        print(f"{prog}: stopped", file=sys.stderr)
-        raise SystemExit(130) from None
+        with exit_on_interrupt(prog):
+            run_ppo(cfg)
     except ConfigError as exc:
         print(f"{prog}: bad config: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

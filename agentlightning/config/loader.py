@@ -2,16 +2,16 @@
 
 Its config: the packaged defaults, an optional `--config FILE.yaml`, then dotted `key=value`
 overrides (`load_cli_config`; `config_args` for an entry point that composes its own defaults).
-Its logging (`setup_logging`). How it stops: SIGTERM is read as Ctrl-C (`stop_on_sigterm`) and
-Ctrl-C ends a run with exit code 130 (`exit_on_interrupt`). Bad arguments or a bad config exit 2
-with a message that names the problem (`fail`).
+Its logging (`setup_logging`). How it stops: Ctrl-C and SIGTERM raise KeyboardInterrupt and are
+remembered (`catch_interrupts`, `interrupted`), and a run they stop exits 130 (`exit_on_interrupt`).
+Bad arguments or a bad config exit 2 with a message that names the problem (`fail`).
 """
 
 from __future__ import annotations
 
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -87,22 +87,44 @@ def setup_logging(prog: str, level: str, section: str = "") -> None:
         fail(prog, f"bad config: {section}{exc}")
 
 
+_SIGNALS: list[int] = []  # the signals received: kept even where a KeyboardInterrupt gets swallowed
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
+    _SIGNALS.append(signum)
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def stop_on_sigterm() -> None:
-    """SIGTERM stops the run as Ctrl-C does (the `finally` blocks that stop what it started run)."""
+def catch_interrupts() -> None:
+    """Ctrl-C (SIGINT) and SIGTERM (a supervisor's stop) raise KeyboardInterrupt, so the `finally`
+    blocks that stop what the run started run. SIGINT is installed explicitly: a process started
+    by a non-interactive shell's background job (`make test &`, many CI runners) inherits it
+    ignored, and Python then installs no handler — Ctrl-C would be ignored and the run go on."""
+    signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
 
 
+def interrupted() -> bool:
+    """A signal caught by `catch_interrupts` came (whatever became of its KeyboardInterrupt)."""
+    return bool(_SIGNALS)
+
+
 @contextmanager
-def exit_on_interrupt(prog: str) -> Iterator[None]:
-    """Ctrl-C (or SIGTERM, with `stop_on_sigterm`) inside: exit 130 with `{prog}: stopped`."""
+def exit_on_interrupt(
+    prog: str, message: str = "stopped", cleanup: Callable[[], None] | None = None
+) -> Iterator[None]:
+    """A run stopped by Ctrl-C or SIGTERM inside exits 130 with `{prog}: {message}` after
+    `cleanup()` — also when the interrupt was swallowed and the block ended normally."""
     try:
         yield
     except KeyboardInterrupt:
-        fail(prog, "stopped", 130)
+        pass
+    else:
+        if not interrupted():
+            return
+    if cleanup is not None:
+        cleanup()
+    fail(prog, message, 130)
 
 
 def _compose(config_name: str, overrides: list[str]) -> DictConfig:

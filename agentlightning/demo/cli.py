@@ -20,17 +20,21 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
-from agentlightning.config.loader import load_cli_config, merge
+from agentlightning.config.loader import (
+    catch_interrupts,
+    exit_on_interrupt,
+    interrupted,
+    load_cli_config,
+    merge,
+)
 from agentlightning.launch import start_controller, start_gateway
 from agentlightning.procs import ManagedProcess, ProcessFailed, free_port
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
@@ -305,20 +309,6 @@ def plot_rewards(
     plt.close(fig)
 
 
-_INTERRUPTED: list[int] = []  # the signals received: set even where a KeyboardInterrupt gets lost
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    _INTERRUPTED.append(signum)
-    raise KeyboardInterrupt
-
-
-def _stopped_by_user(demo: Demo) -> NoReturn:
-    demo.stop_all()
-    say("agl-demo: interrupted; every process it started is stopped")
-    raise SystemExit(130)
-
-
 def main(argv: Sequence[str] | None = None, demo_class: type[Demo] = Demo) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     # `train.KEY=VALUE` goes to the trainer's config (checked against agl-train's keys).
@@ -326,39 +316,32 @@ def main(argv: Sequence[str] | None = None, demo_class: type[Demo] = Demo) -> No
     cfg = load_cli_config("demo", [a for a in args if not a.startswith("train.")], prog="agl-demo")
     demo = demo_class(cfg)
     demo.check_train_config(train_overrides)
-    # Installed explicitly: a process started from a non-interactive shell's background job
-    # (`make test &`, many CI runners) inherits SIGINT *ignored*, and Python then installs no
-    # KeyboardInterrupt handler, so Ctrl-C (or `kill -INT`) was ignored and the run went on to
-    # finish with 0.
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        demo.prepare_dir()
-        say(
-            f"Agent Lightning demo (seed {demo.seed}): RL on CPU through the Gateway, the Controller "
-            "and the trainer"
-        )
-        model_dir = demo.warm_up()
-        train, val = demo.write_data()
-        train_cfg = demo.train_config(model_dir, train, val, train_overrides)
-        demo.start_services(train_cfg)
-        code = demo.train(train_cfg)
-        if code != 0:
-            raise ProcessFailed(f"the trainer exited with {code}")
-        demo.stop_all()
-        before, after = demo.report()
-    except KeyboardInterrupt:
-        _stopped_by_user(demo)
-    except ProcessFailed as exc:
-        if _INTERRUPTED:  # e.g. the trainer stopped by the same Ctrl-C
-            _stopped_by_user(demo)
-        demo.stop_all()
-        say(f"agl-demo: {exc}\n(logs: {demo.run_dir})")
-        raise SystemExit(1) from None
-    finally:
-        demo.stop_all()
-    if _INTERRUPTED:  # a signal came, whatever swallowed its KeyboardInterrupt: never success
-        _stopped_by_user(demo)
+    catch_interrupts()
+    stopped = "interrupted; every process it started is stopped"
+    with exit_on_interrupt("agl-demo", stopped, cleanup=demo.stop_all):
+        try:
+            demo.prepare_dir()
+            say(
+                f"Agent Lightning demo (seed {demo.seed}): RL on CPU through the Gateway, the "
+                "Controller and the trainer"
+            )
+            model_dir = demo.warm_up()
+            train, val = demo.write_data()
+            train_cfg = demo.train_config(model_dir, train, val, train_overrides)
+            demo.start_services(train_cfg)
+            code = demo.train(train_cfg)
+            if code != 0:
+                raise ProcessFailed(f"the trainer exited with {code}")
+            demo.stop_all()
+            before, after = demo.report()
+        except ProcessFailed as exc:
+            if interrupted():  # e.g. the trainer stopped by the same Ctrl-C
+                raise KeyboardInterrupt from None
+            demo.stop_all()
+            say(f"agl-demo: {exc}\n(logs: {demo.run_dir})")
+            raise SystemExit(1) from None
+        finally:
+            demo.stop_all()
     say(f"validation reward: {before:.3f} -> {after:.3f}")
 
 

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 
 from agentlightning.client import GatewayUnavailable, Unauthorized
 from agentlightning.config.loader import (
+    catch_interrupts,
     exit_on_interrupt,
     fail,
     load_cli_config,
     setup_logging,
-    stop_on_sigterm,
 )
 
 PROG = "agl-train"
@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from agentlightning.trainer.config import ConfigError
 
     hf_logging.disable_progress_bar()  # our own progress bar is the one to read
-    stop_on_sigterm()
+    catch_interrupts()
     try:
         trainer = TorchTrainer(cfg)
     except ValueError as exc:  # a ConfigError, or a data file that cannot be read

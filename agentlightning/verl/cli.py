@@ -16,7 +16,7 @@ from omegaconf import ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from agentlightning.client import GatewayUnavailable, Unauthorized
-from agentlightning.config.loader import config_args, exit_on_interrupt, fail, setup_logging, stop_on_sigterm
+from agentlightning.config.loader import catch_interrupts, config_args, exit_on_interrupt, fail, setup_logging
 
 PROG = "agl-train backend=verl"
 
@@ -41,7 +41,7 @@ def main(argv: Sequence[str]) -> None:
     except (OmegaConfBaseException, ValueError) as exc:
         fail(PROG, f"bad config: {exc}")
     setup_logging(PROG, str(cfg.trainer.log_level), "trainer.")
-    stop_on_sigterm()
+    catch_interrupts()
     try:
         with exit_on_interrupt(PROG):
             VerlTrainer(cfg).fit()
