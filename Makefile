@@ -111,10 +111,16 @@ test-core: $(STAMP)
 test-postgres: $(STAMP)
 	AGL_TEST_STORE=postgres $(PYTEST) $(POSTGRES_PASS)
 
-# The unit tests only: no heavy venv, no training run, no end-to-end run, no browser, no bench.
-# Four workers: these tests mostly wait on the Gateways they start.
+# The unit tests only: no heavy venv, no training run, no end-to-end run, no browser, no bench, and
+# none of the tests of whole processes (replicas on Postgres, signals, TLS, the Controller running
+# agents, the Kubernetes double, the launcher). Four workers: these tests mostly wait on the
+# Gateways they start.
 FAST_IGNORE := tests/vllm tests/verl tests/e2e tests/examples tests/dashboard tests/compat tests/bench \
-	tests/torch_backend
+	tests/torch_backend tests/server/test_replicas.py tests/server/test_replica_failures.py \
+	tests/server/test_process.py tests/server/test_tls.py tests/controller/test_lifecycle.py \
+	tests/controller/test_local_runner.py tests/controller/test_log_retention.py \
+	tests/controller/test_k8s_runner.py tests/fakes/test_k8s_api.py tests/test_launch.py \
+	tests/test_cli_interrupts.py tests/trainer/test_integration.py
 test-fast: lint
 	$(BIN)/pytest -q -n 4 --dist loadgroup -m "not slow" $(addprefix --ignore=,$(FAST_IGNORE))
 
