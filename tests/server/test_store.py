@@ -26,6 +26,7 @@ from agentlightning.server.store import (
     StoreLocked,
     store_from_url,
 )
+from agentlightning.server.store.postgres import DEAD_REPLICA_S, PostgresStore
 from tests import postgres
 
 
@@ -263,3 +264,30 @@ def test_pool_size_on_a_sqlite_url_and_an_unknown_scheme_are_refused(tmp_path: P
         store_from_url(f"sqlite:///{tmp_path / 'g.db'}", pool_size=4)
     with pytest.raises(ValueError, match="postgresql://"):
         store_from_url("mysql://x")
+
+
+async def test_a_heartbeat_purges_the_rows_of_long_dead_replicas() -> None:
+    """A killed replica never deletes its own row; the live ones purge it after DEAD_REPLICA_S."""
+    s = store_from_url(postgres.new_database())
+    assert isinstance(s, PostgresStore)
+    await s.open()
+    try:
+        await s.report_replica(inflight=0, epoch_seen=0)
+        killed = store_from_url(s.url)
+        assert isinstance(killed, PostgresStore)
+        await killed.open()
+        await killed.report_replica(inflight=3, epoch_seen=0)
+        await killed.close()  # as after a SIGKILL: its row stays
+        assert {r[0] for r in await s.live_replicas(60)} == {s.replica_id, killed.replica_id}
+        await s._write(  # its last heartbeat moved back to just over the limit
+            lambda c: c.execute(
+                "UPDATE replicas SET seen_at = now() - make_interval(secs => $1) WHERE replica_id = $2",
+                DEAD_REPLICA_S + 1,
+                killed.replica_id,
+            )
+        )
+        await s.report_replica(inflight=0, epoch_seen=0)
+        rows = await s._read(lambda c: c.fetch("SELECT replica_id FROM replicas"))
+        assert [r[0] for r in rows] == [s.replica_id]
+    finally:
+        await s.close()

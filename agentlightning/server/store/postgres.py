@@ -46,6 +46,7 @@ from agentlightning.server.store.delta import CallDraft, CallIndex, View, materi
 T = TypeVar("T")
 log = get_logger("store")
 CHANNEL = "agl_changes"
+DEAD_REPLICA_S = 600.0  # a replica row unseen this long is purged (a killed replica leaves its row)
 MIGRATION_LOCK = 0x61676C  # advisory lock id: one replica migrates at a time
 MAX_BATCH = 1024
 
@@ -618,8 +619,11 @@ class PostgresStore(Store):
         return row[0], row[1], row[2], row[3]
 
     async def report_replica(self, inflight: int, epoch_seen: int) -> None:
-        await self._write(
-            lambda c: c.execute(
+        """This replica's heartbeat; it also purges the rows of replicas unseen for
+        `DEAD_REPLICA_S` (killed ones never delete their own), so the table stays small."""
+
+        async def op(conn: asyncpg.Connection) -> None:
+            await conn.execute(
                 "INSERT INTO replicas(replica_id, inflight, epoch_seen, seen_at) VALUES ($1,$2,$3,now()) "
                 "ON CONFLICT (replica_id) DO UPDATE SET inflight=excluded.inflight, "
                 "epoch_seen=excluded.epoch_seen, seen_at=excluded.seen_at",
@@ -627,7 +631,11 @@ class PostgresStore(Store):
                 inflight,
                 epoch_seen,
             )
-        )
+            await conn.execute(
+                "DELETE FROM replicas WHERE seen_at < now() - make_interval(secs => $1)", DEAD_REPLICA_S
+            )
+
+        await self._write(op)
 
     async def remove_replica(self) -> None:
         await self._write(lambda c: c.execute("DELETE FROM replicas WHERE replica_id=$1", self.replica_id))
