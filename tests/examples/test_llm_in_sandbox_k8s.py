@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from agentlightning.testing.scripted_model import ScriptedChatModel, tool_call_t
 from tests.conftest import start_gateway
 from tests.controller.helpers import start_controller, wait_until
 from tests.controller.k8s_helpers import FakeKubernetes, start_fake_kubernetes
+from tests.examples.k8s_example import check_dockerfile, check_egress_only_to_gateway_and_dns
 from tests.examples.test_llm_in_sandbox import HERE, _code_for, _load, convert_public_rows
 
 TEMPLATE = (HERE / "job-template.yaml").read_text()
@@ -263,35 +263,12 @@ def test_the_jobs_are_what_the_network_policy_confines(ran: Ran) -> None:
 
 
 def test_the_network_policy_admits_only_the_gateway_and_dns() -> None:
-    assert POLICY["kind"] == "NetworkPolicy" and POLICY["apiVersion"] == "networking.k8s.io/v1"
-    spec = POLICY["spec"]
-    assert spec["podSelector"]["matchLabels"] == {"agentlightning.io/role": "llm-in-sandbox-agent"}
-    assert sorted(spec["policyTypes"]) == ["Egress", "Ingress"]
-    assert spec["ingress"] == []  # nothing connects to an agent
-    gateway, dns = spec["egress"]
-    (to_gateway,) = gateway["to"]
-    assert to_gateway["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "agl-server"}
-    assert gateway["ports"] == [{"protocol": "TCP", "port": 8181}]
-    (to_dns,) = dns["to"]
-    assert to_dns["podSelector"]["matchLabels"] == {"k8s-app": "kube-dns"}
-    assert {p["port"] for p in dns["ports"]} == {53}
-    # No rule without `to` or with an ipBlock: either would open egress to other addresses.
-    assert all(
-        rule.get("to") and all("ipBlock" not in peer for peer in rule["to"]) for rule in spec["egress"]
-    )
+    check_egress_only_to_gateway_and_dns(POLICY, "llm-in-sandbox-agent")
 
 
 def test_the_image_is_hadolint_clean_and_copies_what_exists() -> None:
-    hadolint = EXAMPLES_PYTHON.parent / "hadolint"
-    assert hadolint.exists(), f"{hadolint} is missing: `make examples-venv` installs it (extra examples_lint)"
-    result = subprocess.run([str(hadolint), "Dockerfile"], cwd=HERE, capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
+    check_dockerfile(HERE)
     dockerfile = (HERE / "Dockerfile").read_text()
-    for line in dockerfile.splitlines():
-        if line.startswith("COPY "):
-            *sources, _ = line.split()[1:]
-            for source in sources:
-                assert list(EXAMPLES.parent.glob(source)), f"Dockerfile: {source} matches nothing"
     assert "bubblewrap" not in dockerfile.split("FROM")[1] and "data/" not in dockerfile  # no answers in it
 
 
