@@ -490,3 +490,24 @@ def test_scripts_pass_shellcheck(script: str, examples_python: str) -> None:
     shellcheck = EXAMPLES_PYTHON.parent / "shellcheck"
     result = subprocess.run([str(shellcheck), "-x", script], cwd=HERE, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_run_local_refuses_pod_mode(tmp_path: Path, examples_python: str, bwrap: None) -> None:
+    env = {
+        **os.environ,
+        "SANDBOX_ISOLATION": "pod",  # the model's commands without bubblewrap: for a Job's pod only
+        "PYTHON": sys.executable,
+        "AGENT_PYTHON": examples_python,
+        "RUN_DIR": str(tmp_path / "run"),
+    }
+    result = subprocess.run(
+        ["bash", "run_local.sh", "--train-file", "data/train.jsonl"],
+        cwd=HERE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "SANDBOX_ISOLATION=pod is for Kubernetes Jobs only" in result.stderr
+    assert not (tmp_path / "run" / "gateway.log").exists()  # nothing was started
