@@ -19,6 +19,11 @@ source "$EXAMPLE_DIR/../calc_x/common.sh"
 AGENT_PYTHON="${AGENT_PYTHON:-$REPO/.venv-examples/bin/python}"
 [[ -x "$AGENT_PYTHON" ]] || { echo "run_local.sh: $AGENT_PYTHON not found (run 'make examples-venv')" >&2; exit 2; }
 command -v bwrap >/dev/null || { echo "run_local.sh: bwrap not found (apt-get install -y bubblewrap)" >&2; exit 2; }
+# Pod mode runs the model's commands without bubblewrap: only inside a Job's pod (job-template.yaml).
+[[ "${SANDBOX_ISOLATION:-bwrap}" == bwrap ]] || {
+  echo "run_local.sh: SANDBOX_ISOLATION=$SANDBOX_ISOLATION is for Kubernetes Jobs only; here commands run in bubblewrap" >&2
+  exit 2
+}
 
 start_gateway host=127.0.0.1
 start_controller runner_type=local \

@@ -10,13 +10,22 @@ rule (`tasks.reward`) applied to what the model `submit`s.
 
 Environment (set by the Controller): `AGL_OPENAI_BASE_URL`, `AGL_EVENT_URL`, `AGL_KEY`, and the
 task — env_map `TASK_FAMILY: input.family`, `TASK_SEED: input.seed`, `QUESTION: input.question`,
-`ANSWER: input.answer`. Knobs (the Controller's environment): `SANDBOX_MAX_TURNS` (12),
-`SANDBOX_MAX_TOKENS` (1024 per call), `SANDBOX_COMMAND_TIMEOUT` (30 s), `SANDBOX_OUTPUT_CHARS`
-(4000: longer tool output is cut, head and tail kept).
+`ANSWER: input.answer`, `TASK_DOCUMENTS: input.documents` (a folder whose files a converted row's
+task reads, `""` for generated tasks). Knobs (the Controller's environment): `SANDBOX_MAX_TURNS`
+(12), `SANDBOX_MAX_TOKENS` (1024 per call), `SANDBOX_COMMAND_TIMEOUT` (30 s),
+`SANDBOX_OUTPUT_CHARS` (4000: longer tool output is cut, head and tail kept).
+
+`SANDBOX_ISOLATION=pod` (set by job-template.yaml, never on a shared machine): the rollout's
+Kubernetes pod is the sandbox (no bubblewrap in the container). The tools then run as plain child
+processes in `SANDBOX_WORKSPACE` (the pod's emptyDir) with the same cleared environment, and this
+process makes itself non-dumpable first, so that the model's commands (the same user) cannot read
+its `/proc/<pid>/environ`, memory or file descriptors; the network is the pod's, which the
+NetworkPolicy limits to the Gateway and DNS.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -24,15 +33,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import tasks
 from openai import BadRequestError, OpenAI
 
 from agentlightning.sandbox import Sandbox, SandboxResult, kill
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the examples' shared agent_events
+from agent_events import post_event
 
 log = logging.getLogger("llm_in_sandbox.agent")
 
@@ -86,33 +96,80 @@ def setting(name: str, default: float) -> float:
         raise SystemExit(f"{name}={raw!r}: expected a number") from None
 
 
-class Tools:
-    """The model's tools, every one run in the sandbox (file tools too: paths are the sandbox's)."""
+ISOLATIONS = ("bwrap", "pod")
+# The whole environment of a tool command in either mode: nothing of the agent's (AGL_KEY, ANSWER).
+COMMAND_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
+PR_SET_DUMPABLE = 4
 
-    def __init__(self, workspace: Path, timeout: float, output_chars: int) -> None:
-        self.box = Sandbox(workspace=workspace)
+
+def isolation() -> str:
+    """`SANDBOX_ISOLATION`: `bwrap` (default: each command in bubblewrap) or `pod` (the pod is the sandbox)."""
+    value = os.environ.get("SANDBOX_ISOLATION") or "bwrap"
+    if value not in ISOLATIONS:
+        raise SystemExit(f"SANDBOX_ISOLATION={value!r}: expected one of {', '.join(ISOLATIONS)}")
+    return value
+
+
+def hide_this_process() -> None:
+    """Make this process non-dumpable: its /proc/<pid>/environ, mem and fd then belong to root, and
+    a command of the same user (the model's, in pod mode) can neither read nor ptrace it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+
+def pod_workspace() -> Path:
+    """pod mode: `SANDBOX_WORKSPACE`, an existing empty folder (the pod's emptyDir)."""
+    raw = os.environ.get("SANDBOX_WORKSPACE") or ""
+    workspace = Path(raw)
+    if not raw or not workspace.is_dir():
+        raise SystemExit(f"SANDBOX_ISOLATION=pod needs SANDBOX_WORKSPACE, an existing folder (got {raw!r})")
+    if any(workspace.iterdir()):
+        raise SystemExit(f"SANDBOX_WORKSPACE={raw}: not empty; each rollout needs a fresh workspace")
+    return workspace
+
+
+class Tools:
+    """The model's tools, every one run in the sandbox (file tools too: paths are the sandbox's).
+    `isolation="pod"`: plain child processes in the workspace (the pod is the sandbox)."""
+
+    def __init__(self, workspace: Path, timeout: float, output_chars: int, isolation: str = "bwrap") -> None:
+        if isolation not in ISOLATIONS:
+            raise ValueError(f"isolation {isolation!r}: expected one of {', '.join(ISOLATIONS)}")
+        self.workspace = workspace
+        self.box = Sandbox(workspace=workspace) if isolation == "bwrap" else None
         self.timeout, self.output_chars = timeout, output_chars
         self.commands = 0
 
+    def _popen(self, argv: list[str], stdin: bool) -> subprocess.Popen:
+        pipes: dict[str, Any] = {
+            "stdin": subprocess.PIPE if stdin else subprocess.DEVNULL,
+            "stdout": subprocess.PIPE,
+            "stderr": subprocess.PIPE,
+            "text": True,
+        }
+        if self.box is not None:
+            # bwrap itself gets an empty environment: its own /proc/1/environ is readable inside the
+            # sandbox (PID 1 there), and this process holds AGL_KEY and the reference ANSWER.
+            return self.box.popen(argv, env={"PATH": "/usr/bin:/bin"}, **pipes)
+        return subprocess.Popen(argv, cwd=self.workspace, env=COMMAND_ENV, start_new_session=True, **pipes)
+
     def _run(self, argv: list[str], stdin: str | None = None) -> str:
         self.commands += 1
-        # bwrap itself gets an empty environment: its own /proc/1/environ is readable inside the
-        # sandbox (PID 1 there), and this process holds AGL_KEY and the reference ANSWER.
-        proc = self.box.popen(
-            argv,
-            env={"PATH": "/usr/bin:/bin"},
-            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        proc = self._popen(argv, stdin is not None)
         timed_out = False
         try:
             stdout, stderr = proc.communicate(stdin, timeout=self.timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
-            kill(proc)
-            stdout, stderr = proc.communicate()
+            kill(proc)  # its process group (in bwrap: its whole PID namespace)
+            try:
+                stdout, stderr = proc.communicate(timeout=5)
+            except subprocess.TimeoutExpired:  # pod mode: a process that left the group holds the pipes
+                stdout, stderr = "", "[output lost: a process the command started still holds it]"
+                for pipe in (proc.stdout, proc.stderr):
+                    if pipe is not None:
+                        pipe.close()
         result = SandboxResult(proc.returncode, stdout or "", stderr or "", timed_out)
         text = result.stdout + (f"\n[stderr]\n{result.stderr}" if result.stderr else "")
         if len(text) > self.output_chars:
@@ -206,24 +263,6 @@ def run_episode(
     return None, max_turns
 
 
-def post_reward(value: float, reason: str) -> None:
-    key = os.environ.get("AGL_KEY", "")
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    body = {
-        "event_type": "reward",
-        "data": {"value": value, "source": "llm_in_sandbox", "reason": reason[:500]},
-    }
-    with httpx.Client(timeout=30.0, trust_env=False) as http:
-        for attempt in range(5):
-            try:
-                http.post(os.environ["AGL_EVENT_URL"], json=body, headers=headers).raise_for_status()
-                return
-            except httpx.HTTPError:
-                if attempt == 4:
-                    raise
-                time.sleep(0.5 * 2**attempt)
-
-
 class SandboxAgent:
     """The rollout entry point (`agent_class: sandbox_agent:SandboxAgent`)."""
 
@@ -231,7 +270,12 @@ class SandboxAgent:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
         logging.getLogger("httpx").setLevel(logging.WARNING)
         family, seed = os.environ["TASK_FAMILY"], int(os.environ["TASK_SEED"])
-        workspace = Path(tempfile.mkdtemp(prefix="llm-in-sandbox-"))
+        mode = isolation()
+        if mode == "pod":
+            hide_this_process()  # first: the model's commands run as this process's user
+            workspace = pod_workspace()
+        else:
+            workspace = Path(tempfile.mkdtemp(prefix="llm-in-sandbox-"))
         client = OpenAI(
             base_url=os.environ["AGL_OPENAI_BASE_URL"],
             api_key=os.environ.get("AGL_KEY") or "unused",
@@ -239,11 +283,12 @@ class SandboxAgent:
             timeout=300.0,
         )
         try:
-            tasks.materialize(family, seed, workspace)
+            tasks.materialize(family, seed, workspace, os.environ.get("TASK_DOCUMENTS") or None)
             tools = Tools(
                 workspace,
                 setting("SANDBOX_COMMAND_TIMEOUT", 30.0),
                 int(setting("SANDBOX_OUTPUT_CHARS", 4000)),
+                mode,
             )
             submitted, calls = run_episode(
                 client,
@@ -254,18 +299,22 @@ class SandboxAgent:
             )
         finally:
             client.close()
-            shutil.rmtree(workspace, ignore_errors=True)
+            if mode == "bwrap":  # a pod's emptyDir goes with the pod
+                shutil.rmtree(workspace, ignore_errors=True)
         value = tasks.reward(family, submitted, os.environ["ANSWER"])
         log.info(
-            "episode family=%s model_calls=%d sandbox_commands=%d submitted=%r reward=%s workspace=%s",
+            "episode family=%s isolation=%s model_calls=%d sandbox_commands=%d submitted=%r reward=%s "
+            "workspace=%s",
             family,
+            mode,
             calls,
             tools.commands,
             submitted,
             value,
             workspace,
         )
-        post_reward(value, f"family={family} submitted={submitted!r}")
+        reason = f"family={family} submitted={submitted!r}"
+        post_event("reward", {"value": value, "source": "llm_in_sandbox", "reason": reason[:500]})
         return value
 
 

@@ -7,9 +7,15 @@ files and their rewards.
 | `long_context` | the access code of one vault, hidden in a log of thousands of lines | `records.log` | 1 if the code is exact |
 | `data` | revenue or a best region from a sales table | `sales.csv` | 1 if the number is within 0.005 / the name exact |
 
-A task row is `{"id", "family", "seed", "question", "answer"}`; `materialize(family, seed, dir)`
-writes the same files the answer was computed from, so a row stays small and the Gateway never
-stores the long inputs. The answer never enters the sandbox (the agent holds it outside).
+A task row is `{"id", "family", "seed", "question", "answer", "documents"}`; `materialize(family,
+seed, dir)` writes the same files the answer was computed from, so a row stays small and the
+Gateway never stores the long inputs. The answer never enters the sandbox (the agent holds it
+outside). `documents` is `""` for these families.
+
+Rows converted from public data (`convert.py`) add two families: `qa` (no files) and `documents`
+(the files of the row's `documents` folder, copied into the workspace); both are rewarded by
+`answer_matches` (numbers as numbers, text after normalisation). A math-style item with an
+integer answer and no documents becomes a `math` row.
 
     python tasks.py [--out data] [--per-family 40] [--seed 11]     # data/train.jsonl, data/test.jsonl
 """
@@ -20,12 +26,16 @@ import argparse
 import csv
 import io
 import json
+import math
 import random
 import re
+import shutil
+import string
 from pathlib import Path
 from typing import Any
 
-FAMILIES = ("math", "long_context", "data")
+FAMILIES = ("math", "long_context", "data")  # generated here from a seed
+CONVERTED = ("qa", "documents")  # from public data (convert.py); `math` rows come from there too
 REGIONS = ["north", "south", "east", "west", "central"]
 PRODUCTS = ["anvil", "bolt", "crank", "dynamo", "lever", "pulley", "rivet", "spring"]
 _SYLLABLES = ["ka", "lo", "mi", "ru", "ze", "ta", "vo", "ni", "pe", "su", "dra", "qui"]
@@ -130,11 +140,27 @@ def make_task(family: str, seed: int) -> dict[str, Any]:
     if family not in _MAKERS:
         raise ValueError(f"unknown task family {family!r}; one of {', '.join(FAMILIES)}")
     question, answer = _MAKERS[family](random.Random(f"{family}:{seed}"))
-    return {"id": f"{family}-{seed}", "family": family, "seed": seed, "question": question, "answer": answer}
+    return {
+        "id": f"{family}-{seed}",
+        "family": family,
+        "seed": seed,
+        "question": question,
+        "answer": answer,
+        "documents": "",
+    }
 
 
-def materialize(family: str, seed: int, workspace: Path) -> None:
-    """Write the task's files into `workspace` (the same random draws as `make_task`)."""
+def materialize(family: str, seed: int, workspace: Path, documents: str | None = None) -> None:
+    """Write the task's files into `workspace`: the same random draws as `make_task`, or for the
+    `documents` family a copy of the regular files in the folder `documents`."""
+    if family == "documents":
+        folder = Path(documents or "")
+        if not documents or not folder.is_dir():
+            raise ValueError(f"a documents task needs its documents folder; {documents!r} is not one")
+        for source in sorted(folder.iterdir()):
+            if source.is_file() and not source.is_symlink():
+                shutil.copyfile(source, workspace / source.name)
+        return
     rng = random.Random(f"{family}:{seed}")
     if family == "long_context":
         (workspace / "records.log").write_text(_log_text(rng, _vaults(rng)))
@@ -144,8 +170,31 @@ def materialize(family: str, seed: int, workspace: Path) -> None:
         writer.writeheader()
         writer.writerows(_sales(rng))
         (workspace / "sales.csv").write_text(buffer.getvalue())
-    elif family != "math":
-        raise ValueError(f"unknown task family {family!r}; one of {', '.join(FAMILIES)}")
+    elif family not in ("math", "qa"):
+        raise ValueError(f"unknown task family {family!r}; one of {', '.join(FAMILIES + CONVERTED)}")
+
+
+def _normalise(text: str) -> str:
+    """Lower case, no punctuation, no articles, single spaces (the usual exact-match normalisation)."""
+    text = "".join(c for c in text.lower() if c not in string.punctuation)
+    return " ".join(w for w in text.split() if w not in ("a", "an", "the"))
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text.replace(",", ""))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def answer_matches(submitted: str, answer: str) -> bool:
+    """The rule of the converted families: numbers equal as numbers (relative 1e-6), else the
+    normalised texts equal."""
+    want, got = _number(answer), _number(submitted)
+    if want is not None:
+        return got is not None and math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9)
+    return _normalise(submitted) == _normalise(answer) != ""
 
 
 def reward(family: str, submitted: str | None, answer: str) -> float:
@@ -157,6 +206,8 @@ def reward(family: str, submitted: str | None, answer: str) -> float:
         return 1.0 if got.replace(",", "").replace(" ", "") == answer else 0.0
     if family == "long_context":
         return 1.0 if got == answer else 0.0
+    if family in CONVERTED:
+        return 1.0 if answer_matches(got, answer) else 0.0
     if re.fullmatch(r"-?\d+(\.\d+)?", answer):  # data: a number
         try:
             return 1.0 if abs(float(got.replace(",", "")) - float(answer)) <= 0.005 else 0.0

@@ -3,8 +3,8 @@
     python examples/llm_in_sandbox/train_llm_in_sandbox_agent.py --train-file data/train.jsonl \\
         --val-file data/test.jsonl --model PATH [--async] [--backend torch|verl] [key=value ...]
 
-Inputs are task rows (`family`, `seed`, `question`, `answer`) from `tasks.py` or the converter
-for the public data (README). The Gateway and a Controller must be running, the Controller with
+Inputs are task rows (`family`, `seed`, `question`, `answer`, `documents`) from `tasks.py` or
+`convert.py` (public data, README). The Gateway and a Controller must be running, the Controller with
 `local_runner.python=.venv-examples/bin/python local_runner.cwd=examples/llm_in_sandbox`
 (`run_local.sh` starts both); the machine needs `bwrap` (Debian's bubblewrap).
 """
@@ -41,8 +41,10 @@ LLM_IN_SANDBOX: dict = {
                 "TASK_SEED": "input.seed",
                 "QUESTION": "input.question",
                 "ANSWER": "input.answer",
+                "TASK_DOCUMENTS": "input.documents",
             },
         },
+        "k8s": {"job_template_path": str(HERE / "job-template.yaml")},  # with runner_type=k8s
     },
 }
 

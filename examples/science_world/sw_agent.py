@@ -20,13 +20,17 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-import httpx
 from openai import OpenAI
 from sw_env import DEFAULT_JAVA_OPTIONS, ScienceWorldSession, Step
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the examples' shared agent_events
+from agent_events import post_event
 
 # option: (environment variable, default, minimum)
 OPTIONS = {
@@ -152,21 +156,6 @@ def play(client: OpenAI, env: ScienceWorldSession, options: Options) -> Episode:
             return episode
         messages.append({"role": "user", "content": observation})
     return episode
-
-
-def post_event(event_type: str, data: dict[str, Any]) -> None:
-    key = os.environ.get("AGL_KEY", "")
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    body = {"event_type": event_type, "data": data}
-    with httpx.Client(timeout=30.0, trust_env=False) as http:
-        for attempt in range(5):
-            try:
-                http.post(os.environ["AGL_EVENT_URL"], json=body, headers=headers).raise_for_status()
-                return
-            except httpx.HTTPError:
-                if attempt == 4:
-                    raise
-                time.sleep(0.5 * 2**attempt)
 
 
 class ScienceWorldAgent:

@@ -29,10 +29,14 @@ import re
 import string
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 from openai import BadRequestError, OpenAI
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the examples' shared agent_events
+from agent_events import post_event
 
 log = logging.getLogger("search_r1.agent")
 
@@ -176,21 +180,6 @@ def run_episode(
     return reply, calls
 
 
-def post_reward(value: float, reason: str) -> None:
-    key = os.environ.get("AGL_KEY", "")
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    body = {"event_type": "reward", "data": {"value": value, "source": "search_r1", "reason": reason[:500]}}
-    with httpx.Client(timeout=30.0, trust_env=False) as http:
-        for attempt in range(5):
-            try:
-                http.post(os.environ["AGL_EVENT_URL"], json=body, headers=headers).raise_for_status()
-                return
-            except httpx.HTTPError:
-                if attempt == 4:
-                    raise
-                time.sleep(0.5 * 2**attempt)
-
-
 class SearchR1Agent:
     """The rollout entry point (`agent_class: search_r1_agent:SearchR1Agent`)."""
 
@@ -230,7 +219,8 @@ class SearchR1Agent:
             golden,
             value,
         )
-        post_reward(value, f"answer={extract_answer(reply)!r} golden={golden!r}")
+        reason = f"answer={extract_answer(reply)!r} golden={golden!r}"
+        post_event("reward", {"value": value, "source": "search_r1", "reason": reason[:500]})
         return value
 
 

@@ -2,7 +2,8 @@
 workspace), the task families and rewards, and the agent end to end — started by a real
 Controller for rollouts on a real Gateway, against the scripted model, its tools run for real in
 the sandbox: a right answer per family (reward 1), a wrong one (reward 0), and an escape attempt
-(network, writes outside) that fails and still finishes its task."""
+(network, writes outside) that fails and still finishes its task; and the converter of public data
+(its rows, its errors, one converted row solved end to end)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ ENV_MAP = {
     "TASK_SEED": "input.seed",
     "QUESTION": "input.question",
     "ANSWER": "input.answer",
+    "TASK_DOCUMENTS": "input.documents",
 }
 
 
@@ -106,6 +108,123 @@ def test_shipped_data_is_what_tasks_py_writes() -> None:
     assert len(rows) == 96 and {r["family"] for r in rows} == set(tasks.FAMILIES)
     for row in rows[:6]:
         assert row == tasks.make_task(row["family"], row["seed"])
+
+
+# --- the public-data converter ---------------------------------------------------------------------
+
+# Hand-written rows in the shapes public sets come in (nothing downloaded): math-style with an
+# integer answer, a short-answer question, and a question whose answer is in its documents.
+CONVERT = [sys.executable, "-m", "examples.llm_in_sandbox.convert"]
+KESTREL = "In what year was the observatory at Kestrel Point founded?"
+PUBLIC_ROWS = [
+    {"id": "aime-1", "question": "How many positive divisors does 7!*8 have?", "answer": "1,234"},
+    {"question": "What is the chemical symbol of sodium?", "answer": "Na"},
+    {
+        "id": "kestrel",
+        "question": KESTREL,
+        "answer": 1887,
+        "documents": {
+            "history.txt": "Notes on the coast.\nThe observatory at Kestrel Point was founded in 1887 by a guild.\n",
+            "tides.txt": "High water at 06:12 and 18:40.\n",
+        },
+    },
+    {
+        "id": "trial",
+        "question": "Which enzyme is named in the abstract?",
+        "answer": "lactase",
+        "documents": ["x"],
+    },
+]
+
+
+def convert_public_rows(tmp: Path, rows: list[Any] | None = None) -> tuple[subprocess.CompletedProcess, Path]:
+    """Run the converter's command line on `rows` (as JSONL; strings as raw lines)."""
+    source, out = tmp / "public.jsonl", tmp / "tasks.jsonl"
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in (PUBLIC_ROWS if rows is None else rows)]
+    source.write_text("\n".join(lines) + "\n")
+    result = subprocess.run(
+        [*CONVERT, str(source), str(out), "--documents", str(tmp / "documents")],
+        cwd=EXAMPLES.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return result, out
+
+
+def test_the_converter_writes_task_rows_by_family(tmp_path: Path) -> None:
+    result, out = convert_public_rows(tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["id"], r["family"], r["answer"]) for r in rows] == [
+        ("aime-1", "math", "1234"),
+        ("row-2", "qa", "Na"),
+        ("kestrel", "documents", "1887"),
+        ("trial", "documents", "lactase"),
+    ]
+    assert rows[0]["documents"] == rows[1]["documents"] == ""
+    assert rows[2]["question"].startswith(KESTREL) and "history.txt, tides.txt" in rows[2]["question"]
+    folder = Path(rows[2]["documents"])
+    assert folder == (tmp_path / "documents" / "kestrel").resolve()
+    assert sorted(p.name for p in folder.iterdir()) == ["history.txt", "tides.txt"]
+    assert [p.name for p in Path(rows[3]["documents"]).iterdir()] == ["doc_1.txt"]
+    # the rows are what the agent reads: materialize copies the files, reward applies the family's rule
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    tasks.materialize("documents", 0, workspace, rows[2]["documents"])
+    assert (workspace / "history.txt").read_text() == (folder / "history.txt").read_text()
+    assert tasks.reward("documents", "1887", rows[2]["answer"]) == 1.0
+    assert tasks.reward("documents", "1887.0", rows[2]["answer"]) == 1.0  # numbers as numbers
+    assert tasks.reward("documents", "1886", rows[2]["answer"]) == 0.0
+    assert tasks.reward("qa", " na. ", "Na") == 1.0 and tasks.reward("qa", "Cl", "Na") == 0.0
+    assert tasks.reward("qa", "the Na", "Na") == 1.0 and tasks.reward("qa", "", "Na") == 0.0
+    assert tasks.reward("math", "1234", rows[0]["answer"]) == 1.0
+    with pytest.raises(ValueError, match="documents folder"):
+        tasks.materialize("documents", 0, workspace, str(tmp_path / "missing"))
+
+
+def test_the_converter_names_each_bad_line_and_writes_nothing(tmp_path: Path) -> None:
+    bad = [
+        PUBLIC_ROWS[0],
+        "{not json",
+        ["a", "list"],
+        {"answer": "4"},
+        {"question": "What?", "answer": None},
+        {"question": "What?"},
+        {"id": "../up", "question": "What?", "answer": "4"},
+        {"id": "aime-1", "question": "Again?", "answer": "4"},
+        {"id": "d", "question": "What?", "answer": "4", "documents": {"../x.txt": "text"}},
+        {"id": "e", "question": "What?", "answer": "4", "documents": [1, 2]},
+    ]
+    result, out = convert_public_rows(tmp_path, bad)
+    assert result.returncode == 1 and not out.exists() and not (tmp_path / "documents").exists()
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if ": line " in line]
+    assert [e.split(": line ")[1].split(":")[0] for e in errors] == [str(n) for n in range(2, 11)]
+    for expected in (
+        "line 2: not JSON",
+        "line 3: expected a JSON object, got list",
+        "line 4: no 'question' text",
+        "line 5: 'answer' must be a text or a number, not NoneType",
+        "line 6: no 'answer'",
+        "line 7: id '../up'",
+        "line 8: id 'aime-1' already on line 1",
+        "line 9: document name '../x.txt'",
+        "line 10: 'documents' as a list must hold texts",
+    ):
+        assert expected in result.stderr, (expected, result.stderr)
+    assert "9 bad line(s); nothing written" in result.stderr
+    # documents without a folder for them
+    source = tmp_path / "one.jsonl"
+    source.write_text(json.dumps(PUBLIC_ROWS[2]) + "\n")
+    missing = subprocess.run(
+        [*CONVERT, str(source), str(tmp_path / "o.jsonl")],
+        cwd=EXAMPLES.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode == 1 and "line 1: has documents: pass --documents DIR" in missing.stderr
 
 
 # --- the sandbox, through the agent's own tools ----------------------------------------------------
@@ -226,6 +345,8 @@ def _code_for(question: str) -> tuple[str, dict[str, str]]:
             "print(max(units, key=lambda k: (units[k], k)))"
         )
         return "python", {"code": code}
+    if question.startswith(KESTREL):  # a converted row: the answer is in its documents
+        return "shell", {"command": "grep -ho 'founded in [0-9]*' *.txt | cut -d' ' -f3"}
     raise KeyError(question)
 
 
@@ -282,6 +403,11 @@ def ran(
     ]
     marker = uuid.uuid4().hex
     work = tmp_path_factory.mktemp("llm_in_sandbox")
+    converted, out = convert_public_rows(work)  # one converted row: its answer is in its documents
+    assert converted.returncode == 0, converted.stderr
+    inputs.append(
+        next(r for line in out.read_text().splitlines() if (r := json.loads(line))["id"] == "kestrel")
+    )
     policy = SandboxPolicy(inputs[4]["question"], inputs[5]["question"], 0, marker)
     with example_stack(policy, "llm_in_sandbox", work, maximum_size=3) as stack:
         policy.gateway_port = int(urlparse(stack.url).port or 0)
@@ -296,7 +422,7 @@ def test_rewards_per_family_right_and_wrong(
     _, _, results, _ = ran
     for result in results:
         assert result.state == "succeeded", f"{result.error}\n{result.log}"
-    assert [r.rewards for r in results] == [[1.0], [1.0], [1.0], [1.0], [0.0], [1.0]], [
+    assert [r.rewards for r in results] == [[1.0], [1.0], [1.0], [1.0], [0.0], [1.0], [1.0]], [
         r.log for r in results
     ]
 
@@ -326,6 +452,12 @@ def test_tools_ran_in_the_sandbox_and_every_call_has_token_ids(
         else:
             assert result.merge_break() is None, result.merge_break()
             assert len(result.rows) == 1
+    converted = results[6]  # grep found the year in the converted row's documents
+    assert [len(r.model_requests) for r in results[6:]] == [2]
+    tool_messages = [
+        m for m in converted.model_requests[1]["data"]["request"]["messages"] if m["role"] == "tool"
+    ]
+    assert tool_messages[0]["content"] == "[exit 0]\n1887\n"
     assert len(results[4].model_requests) == 1  # the wrong one submitted at once
     assert "sandbox_commands=0" in results[4].log
 
@@ -358,3 +490,24 @@ def test_scripts_pass_shellcheck(script: str, examples_python: str) -> None:
     shellcheck = EXAMPLES_PYTHON.parent / "shellcheck"
     result = subprocess.run([str(shellcheck), "-x", script], cwd=HERE, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_run_local_refuses_pod_mode(tmp_path: Path, examples_python: str, bwrap: None) -> None:
+    env = {
+        **os.environ,
+        "SANDBOX_ISOLATION": "pod",  # the model's commands without bubblewrap: for a Job's pod only
+        "PYTHON": sys.executable,
+        "AGENT_PYTHON": examples_python,
+        "RUN_DIR": str(tmp_path / "run"),
+    }
+    result = subprocess.run(
+        ["bash", "run_local.sh", "--train-file", "data/train.jsonl"],
+        cwd=HERE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "SANDBOX_ISOLATION=pod is for Kubernetes Jobs only" in result.stderr
+    assert not (tmp_path / "run" / "gateway.log").exists()  # nothing was started

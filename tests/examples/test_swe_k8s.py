@@ -5,20 +5,19 @@ hadolint clean. (The double neither runs the image nor enforces NetworkPolicy.)"
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from functools import partial
-from pathlib import Path
 
 import pytest
 import yaml
 
 from agentlightning.client import GatewayClient
-from agentlightning.testing.example_stack import EXAMPLES, EXAMPLES_PYTHON
+from agentlightning.testing.example_stack import EXAMPLES
 from examples.swe.bank import make_task
 from tests.conftest import RunningGateway, start_gateway
 from tests.controller.helpers import start_controller, wait_until
 from tests.controller.k8s_helpers import FakeKubernetes, start_fake_kubernetes
+from tests.examples.k8s_example import check_dockerfile, check_egress_only_to_gateway_and_dns
 
 SWE = EXAMPLES / "swe"
 TEMPLATE = (SWE / "job-template.yaml").read_text()
@@ -92,34 +91,8 @@ def test_three_tasks_render_to_jobs_the_network_policy_confines(
 
 
 def test_the_network_policy_admits_only_the_gateway_and_dns() -> None:
-    assert POLICY["kind"] == "NetworkPolicy" and POLICY["apiVersion"] == "networking.k8s.io/v1"
-    spec = POLICY["spec"]
-    assert sorted(spec["policyTypes"]) == ["Egress", "Ingress"]
-    assert spec["ingress"] == []  # nothing connects to an agent
-    gateway, dns = spec["egress"]
-    (to_gateway,) = gateway["to"]
-    assert to_gateway["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "agl-server"}
-    assert gateway["ports"] == [{"protocol": "TCP", "port": 8181}]
-    (to_dns,) = dns["to"]
-    assert to_dns["podSelector"]["matchLabels"] == {"k8s-app": "kube-dns"}
-    assert {p["port"] for p in dns["ports"]} == {53}
-    # No rule without `to` or with an ipBlock: either would open egress to other addresses.
-    assert all(
-        rule.get("to") and all("ipBlock" not in peer for peer in rule["to"]) for rule in spec["egress"]
-    )
+    check_egress_only_to_gateway_and_dns(POLICY, "swe-agent")
 
 
-def test_the_image_is_hadolint_clean() -> None:
-    hadolint = EXAMPLES_PYTHON.parent / "hadolint"
-    assert hadolint.exists(), f"{hadolint} is missing: `make examples-venv` installs it (extra examples_lint)"
-    result = subprocess.run([str(hadolint), "Dockerfile"], cwd=SWE, capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-def test_the_images_copy_lines_name_files_that_exist() -> None:
-    root = Path(__file__).resolve().parents[2]
-    for line in (SWE / "Dockerfile").read_text().splitlines():
-        if line.startswith("COPY "):
-            *sources, _ = line.split()[1:]
-            for source in sources:
-                assert list(root.glob(source)), f"Dockerfile: {source} matches nothing"
+def test_the_image_is_hadolint_clean_and_copies_what_exists() -> None:
+    check_dockerfile(SWE)
