@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from agentlightning import __version__
 from agentlightning.log import get_logger
+from agentlightning.openai_shapes import SSE_DONE, error_body, sse_event, usage
 from agentlightning.torch_backend.engine import (
     EngineError,
     RequestStream,
@@ -38,13 +39,11 @@ from agentlightning.torch_backend.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     TokenText,
-    error_body,
     flatten_content,
     hold_back_tool_prefix,
     new_id,
     now,
     parse_tool_calls,
-    usage,
 )
 
 log = get_logger("torch_server")
@@ -62,10 +61,6 @@ class _BadRequest(Exception):
 def _json(body: Any, status: int = 200, version: int | None = None) -> Response:
     headers = {VERSION_HEADER: str(version)} if version is not None else None
     return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
-
-
-def _sse(obj: Any) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
 @dataclass
@@ -185,12 +180,12 @@ class OpenAIServing:
                     "finish_reason": None,
                 }
                 extra = {"prompt_token_ids": prompt_ids} if req.return_token_ids and i == 0 else {}
-                yield _sse(chunk(first, **extra))
+                yield sse_event(chunk(first, **extra))
             async for index, out in events:
                 ch = choices[index]
                 ch.add(out)
                 if out.error is not None:
-                    yield _sse(error_body(out.error, 500, "InternalServerError"))
+                    yield sse_event(error_body(out.error, 500, "InternalServerError"))
                     continue
                 if out.token_id < 0:
                     continue
@@ -214,12 +209,12 @@ class OpenAIServing:
                 }
                 if req.return_token_ids:
                     body["token_ids"] = [out.token_id]
-                yield _sse(chunk(body))
+                yield sse_event(chunk(body))
                 if out.finish_reason is not None:
-                    yield _sse(chunk(self._final_chat_delta(ch, index, parse_tools)))
+                    yield sse_event(chunk(self._final_chat_delta(ch, index, parse_tools)))
             if req.stream_options and req.stream_options.include_usage:
                 total = sum(len(c.outs) for c in choices)
-                yield _sse(
+                yield sse_event(
                     {
                         "id": rid,
                         "object": "chat.completion.chunk",
@@ -229,7 +224,7 @@ class OpenAIServing:
                         "usage": usage(len(prompt_ids), total),
                     }
                 )
-            yield b"data: [DONE]\n\n"
+            yield SSE_DONE
         finally:
             stream.cancel()
 
@@ -329,7 +324,7 @@ class OpenAIServing:
                 ch = choices[index]
                 ch.add(out)
                 if out.error is not None:
-                    yield _sse(error_body(out.error, 500, "InternalServerError"))
+                    yield sse_event(error_body(out.error, 500, "InternalServerError"))
                     continue
                 if out.token_id < 0 and out.finish_reason is None:
                     continue
@@ -348,7 +343,7 @@ class OpenAIServing:
                     if first_chunk[index]:
                         body["prompt_token_ids"] = prompts[index // req.n]
                 first_chunk[index] = False
-                yield _sse(
+                yield sse_event(
                     {
                         "id": rid,
                         "object": "text_completion",
@@ -358,7 +353,7 @@ class OpenAIServing:
                     }
                 )
             if req.stream_options and req.stream_options.include_usage:
-                yield _sse(
+                yield sse_event(
                     {
                         "id": rid,
                         "object": "text_completion",
@@ -370,7 +365,7 @@ class OpenAIServing:
                         ),
                     }
                 )
-            yield b"data: [DONE]\n\n"
+            yield SSE_DONE
         finally:
             stream.cancel()
 
