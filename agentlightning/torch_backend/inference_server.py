@@ -14,7 +14,7 @@ import asyncio
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,12 +112,7 @@ class OpenAIServing:
         params = req.sampling(max_tokens, k)
         stream = self.engine.add_request([prompt_ids], params, req.n)
         if req.stream:
-            events, version = await self._start(stream)
-            return StreamingResponse(
-                self._chat_stream(req, prompt_ids, stream, events),
-                media_type="text/event-stream",
-                headers={VERSION_HEADER: str(version)},
-            )
+            return await self._streamed(stream, lambda ev: self._chat_stream(req, prompt_ids, stream, ev))
         choices = await self._collect(stream, req.n, request)
         version = self._version(choices)
         body_choices = []
@@ -277,12 +272,7 @@ class OpenAIServing:
         params = req.sampling(max_tokens, k)
         stream = self.engine.add_request(prompts, params, req.n)
         if req.stream:
-            events, version = await self._start(stream)
-            return StreamingResponse(
-                self._completion_stream(req, prompts, stream, events),
-                media_type="text/event-stream",
-                headers={VERSION_HEADER: str(version)},
-            )
+            return await self._streamed(stream, lambda ev: self._completion_stream(req, prompts, stream, ev))
         choices = await self._collect(stream, len(prompts) * req.n, request)
         version = self._version(choices)
         body_choices = []
@@ -403,6 +393,14 @@ class OpenAIServing:
         if params.stop or params.detokenize:
             return ch.text
         return self.engine.decode_output(ch.token_ids, ch.finish_reason, ch.stop_reason)
+
+    async def _streamed(
+        self, stream: RequestStream, events_to_sse: Callable[[_Events], AsyncIterator[bytes]]
+    ) -> Response:
+        events, version = await self._start(stream)
+        return StreamingResponse(
+            events_to_sse(events), media_type="text/event-stream", headers={VERSION_HEADER: str(version)}
+        )
 
     async def _start(self, stream: RequestStream) -> tuple[_Events, int]:
         """Wait for the first output, so that the headers carry the version that serves the stream
