@@ -29,6 +29,7 @@ LAYERS: dict[str, str] = {
     "pgserver": "base",
     "wire": "base",
     "launch": "base",
+    "openai_shapes": "base",
     "rows": "rows",
     "aggregation": "rows",
     "rewards": "rows",

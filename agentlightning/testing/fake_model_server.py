@@ -54,6 +54,8 @@ from typing import Any, Protocol, Self
 import orjson
 from aiohttp import web
 
+from agentlightning.openai_shapes import SSE_DONE, error_body, sse_event, usage
+
 # --- toy tokenizer and chat template ---------------------------------------------------------
 
 END = 2  # end of turn: the stop token, part of the answer's token ids like a real EOS
@@ -353,16 +355,8 @@ _ids = itertools.count(1)
 
 def _error(status: int, message: str, body: Any = None) -> web.Response:
     kind = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitError"}.get(status, "ServerError")
-    payload = (
-        body
-        if body is not None
-        else {"error": {"message": message, "type": kind, "param": None, "code": status}}
-    )
+    payload = body if body is not None else error_body(message, status, kind)
     return web.Response(status=status, body=orjson.dumps(payload), content_type="application/json")
-
-
-def _usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def _chat_logprob_entry(token: _Token, position: int, top: int) -> dict[str, Any]:
@@ -427,14 +421,13 @@ class _Call:
 
     def response(self, answers: list[_Answer]) -> dict[str, Any]:
         choices = [self._choice(i, a) for i, a in enumerate(answers)]
-        usage = _usage(len(self.prompt_ids), sum(len(a.tokens) for a in answers))
         out: dict[str, Any] = {
             "id": self.id,
             "object": "chat.completion" if self.api == "chat" else "text_completion",
             "created": self.created,
             "model": self.model,
             "choices": choices,
-            "usage": usage,
+            "usage": usage(len(self.prompt_ids), sum(len(a.tokens) for a in answers)),
         }
         if self.api == "chat":
             out["prompt_logprobs"] = None
@@ -487,9 +480,10 @@ class _Call:
         for row in itertools.zip_longest(*per_choice):
             events.extend(c for c in row if c is not None)
         if self.include_usage:
-            usage = _usage(len(self.prompt_ids), sum(len(a.tokens) for a in answers))
-            events.append(self._chunk([], usage=usage))
-        return [b"data: " + orjson.dumps(e) + b"\n\n" for e in events] + [b"data: [DONE]\n\n"]
+            events.append(
+                self._chunk([], usage=usage(len(self.prompt_ids), sum(len(a.tokens) for a in answers)))
+            )
+        return [*map(sse_event, events), SSE_DONE]
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         out = {
@@ -725,7 +719,7 @@ def build_app(state: FakeState) -> web.Application:
                 "content": [{"token_id": t, "logprob": token_logprob(t, p)} for p, t in enumerate(ids)]
             }
         choice = {"index": 0, "token_ids": ids, "finish_reason": answer.finish_reason, "logprobs": logprobs}
-        return {"request_id": request_id, "choices": [choice], "usage": _usage(len(prompt), len(ids))}
+        return {"request_id": request_id, "choices": [choice], "usage": usage(len(prompt), len(ids))}
 
     def _derender(body: dict[str, Any]) -> dict[str, Any]:
         generated = body["generate_response"]["choices"][0]
@@ -744,7 +738,7 @@ def build_app(state: FakeState) -> web.Application:
             "choices": [
                 {"index": 0, "message": message, "finish_reason": answer.finish_reason, "logprobs": None}
             ],
-            "usage": _usage(int(body.get("prompt_tokens") or 0), len(answer.tokens)),
+            "usage": usage(int(body.get("prompt_tokens") or 0), len(answer.tokens)),
         }
 
     def _json(payload: dict[str, Any]) -> web.Response:

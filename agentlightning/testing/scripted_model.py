@@ -32,6 +32,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any, Self
 
+from agentlightning.openai_shapes import usage
 from agentlightning.testing.fake_model_server import FakeModelServer, token_logprob
 
 # Qwen2.5-Instruct's chat template (hermes tool calling), verbatim in layout.
@@ -296,11 +297,7 @@ def chat_response(body: dict[str, Any], policy: Policy) -> dict[str, Any]:
         "created": int(time.time()),
         "model": body.get("model"),
         "choices": [choice],
-        "usage": {
-            "prompt_tokens": len(prompt_ids),
-            "completion_tokens": len(ids),
-            "total_tokens": len(prompt_ids) + len(ids),
-        },
+        "usage": usage(len(prompt_ids), len(ids)),
         "prompt_logprobs": None,
         "prompt_token_ids": prompt_ids if body.get("return_token_ids") else None,
     }
@@ -353,18 +350,13 @@ class PolicyGenerator:
         text = self._generated.pop(tuple(ids), None) or self._generated.pop((*ids, eos))
         content, calls = hermes_parse(text)
         message = {"role": "assistant", "content": content, "tool_calls": calls, "reasoning_content": None}
-        prompt_tokens = int(body.get("prompt_tokens") or 0)
         return {
             "id": f"chatcmpl-{next(_ids)}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": body.get("model"),
             "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": len(ids),
-                "total_tokens": prompt_tokens + len(ids),
-            },
+            "usage": usage(int(body.get("prompt_tokens") or 0), len(ids)),
         }
 
 

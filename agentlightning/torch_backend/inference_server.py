@@ -14,7 +14,7 @@ import asyncio
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from agentlightning import __version__
 from agentlightning.log import get_logger
+from agentlightning.openai_shapes import SSE_DONE, error_body, sse_event, usage
 from agentlightning.torch_backend.engine import (
     EngineError,
     RequestStream,
@@ -38,13 +39,11 @@ from agentlightning.torch_backend.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     TokenText,
-    error_body,
     flatten_content,
     hold_back_tool_prefix,
     new_id,
     now,
     parse_tool_calls,
-    usage,
 )
 
 log = get_logger("torch_server")
@@ -62,10 +61,6 @@ class _BadRequest(Exception):
 def _json(body: Any, status: int = 200, version: int | None = None) -> Response:
     headers = {VERSION_HEADER: str(version)} if version is not None else None
     return Response(orjson.dumps(body), status_code=status, media_type="application/json", headers=headers)
-
-
-def _sse(obj: Any) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
 @dataclass
@@ -117,12 +112,7 @@ class OpenAIServing:
         params = req.sampling(max_tokens, k)
         stream = self.engine.add_request([prompt_ids], params, req.n)
         if req.stream:
-            events, version = await self._start(stream)
-            return StreamingResponse(
-                self._chat_stream(req, prompt_ids, stream, events),
-                media_type="text/event-stream",
-                headers={VERSION_HEADER: str(version)},
-            )
+            return await self._streamed(stream, lambda ev: self._chat_stream(req, prompt_ids, stream, ev))
         choices = await self._collect(stream, req.n, request)
         version = self._version(choices)
         body_choices = []
@@ -185,12 +175,12 @@ class OpenAIServing:
                     "finish_reason": None,
                 }
                 extra = {"prompt_token_ids": prompt_ids} if req.return_token_ids and i == 0 else {}
-                yield _sse(chunk(first, **extra))
+                yield sse_event(chunk(first, **extra))
             async for index, out in events:
                 ch = choices[index]
                 ch.add(out)
                 if out.error is not None:
-                    yield _sse(error_body(out.error, 500, "InternalServerError"))
+                    yield sse_event(error_body(out.error, 500, "InternalServerError"))
                     continue
                 if out.token_id < 0:
                     continue
@@ -214,12 +204,12 @@ class OpenAIServing:
                 }
                 if req.return_token_ids:
                     body["token_ids"] = [out.token_id]
-                yield _sse(chunk(body))
+                yield sse_event(chunk(body))
                 if out.finish_reason is not None:
-                    yield _sse(chunk(self._final_chat_delta(ch, index, parse_tools)))
+                    yield sse_event(chunk(self._final_chat_delta(ch, index, parse_tools)))
             if req.stream_options and req.stream_options.include_usage:
                 total = sum(len(c.outs) for c in choices)
-                yield _sse(
+                yield sse_event(
                     {
                         "id": rid,
                         "object": "chat.completion.chunk",
@@ -229,7 +219,7 @@ class OpenAIServing:
                         "usage": usage(len(prompt_ids), total),
                     }
                 )
-            yield b"data: [DONE]\n\n"
+            yield SSE_DONE
         finally:
             stream.cancel()
 
@@ -282,12 +272,7 @@ class OpenAIServing:
         params = req.sampling(max_tokens, k)
         stream = self.engine.add_request(prompts, params, req.n)
         if req.stream:
-            events, version = await self._start(stream)
-            return StreamingResponse(
-                self._completion_stream(req, prompts, stream, events),
-                media_type="text/event-stream",
-                headers={VERSION_HEADER: str(version)},
-            )
+            return await self._streamed(stream, lambda ev: self._completion_stream(req, prompts, stream, ev))
         choices = await self._collect(stream, len(prompts) * req.n, request)
         version = self._version(choices)
         body_choices = []
@@ -329,7 +314,7 @@ class OpenAIServing:
                 ch = choices[index]
                 ch.add(out)
                 if out.error is not None:
-                    yield _sse(error_body(out.error, 500, "InternalServerError"))
+                    yield sse_event(error_body(out.error, 500, "InternalServerError"))
                     continue
                 if out.token_id < 0 and out.finish_reason is None:
                     continue
@@ -348,7 +333,7 @@ class OpenAIServing:
                     if first_chunk[index]:
                         body["prompt_token_ids"] = prompts[index // req.n]
                 first_chunk[index] = False
-                yield _sse(
+                yield sse_event(
                     {
                         "id": rid,
                         "object": "text_completion",
@@ -358,7 +343,7 @@ class OpenAIServing:
                     }
                 )
             if req.stream_options and req.stream_options.include_usage:
-                yield _sse(
+                yield sse_event(
                     {
                         "id": rid,
                         "object": "text_completion",
@@ -370,7 +355,7 @@ class OpenAIServing:
                         ),
                     }
                 )
-            yield b"data: [DONE]\n\n"
+            yield SSE_DONE
         finally:
             stream.cancel()
 
@@ -408,6 +393,14 @@ class OpenAIServing:
         if params.stop or params.detokenize:
             return ch.text
         return self.engine.decode_output(ch.token_ids, ch.finish_reason, ch.stop_reason)
+
+    async def _streamed(
+        self, stream: RequestStream, events_to_sse: Callable[[_Events], AsyncIterator[bytes]]
+    ) -> Response:
+        events, version = await self._start(stream)
+        return StreamingResponse(
+            events_to_sse(events), media_type="text/event-stream", headers={VERSION_HEADER: str(version)}
+        )
 
     async def _start(self, stream: RequestStream) -> tuple[_Events, int]:
         """Wait for the first output, so that the headers carry the version that serves the stream

@@ -245,18 +245,4 @@ class TokenText:
         }
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
-def error_body(
-    message: str, code: int, kind: str = "BadRequestError", param: str | None = None
-) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
 FinishReason = Literal["stop", "length", "tool_calls", "abort"]
