@@ -2,9 +2,10 @@
 
     python scripts/training_figures.py RUNS_DIR
 
-RUNS_DIR holds one `agl-demo output_dir=RUNS_DIR/NAME` run per name (seed 0) and `done.txt`
-with a line `NAME rc=0 wall_s=S` per finished run. Prints the algorithm table and writes
-docs/img/training_staleness.png and docs/img/training_step_rewards.png when those runs exist.
+RUNS_DIR holds one `agl-demo output_dir=RUNS_DIR/NAME` run per name (seed 0) and `done*.txt`
+files with a line `NAME rc=0 wall_s=S ...` per finished run. Prints the algorithm table, the
+per-step tables of the staleness and step-reward runs, and writes docs/img/training_staleness.png
+and docs/img/training_step_rewards.png when those runs exist.
 """
 
 from __future__ import annotations
@@ -30,11 +31,12 @@ def records(run: Path) -> list[dict]:
 
 def walls(runs: Path) -> dict[str, int]:
     out = {}
-    done = runs / "done.txt"
-    for line in done.read_text().splitlines() if done.exists() else []:
-        name, rc, wall = line.split()
-        if rc == "rc=0":
-            out[name] = int(wall.removeprefix("wall_s="))
+    for done in sorted(runs.glob("done*.txt")):
+        for line in done.read_text().splitlines():
+            name, *fields = line.split()
+            if "rc=0" in fields:
+                wall = next(f for f in fields if f.startswith("wall_s="))
+                out[name] = int(wall.removeprefix("wall_s="))
     return out
 
 
@@ -65,6 +67,57 @@ def table(runs: Path) -> None:
         print(f"| {name} | {curve} | {final} | {shown} | {train_s:.0f} | {wall.get(name, '—')} |")
 
 
+PER_STEP = [
+    ("training/reward", "reward", "{:.3f}"),
+    ("val/reward", "val", "{:.3f}"),
+    ("training/staleness/max", "staleness max", "{:.0f}"),
+    ("training/staleness/mean", "mean", "{:.2f}"),
+    ("actor/sampler_trainer_kl_k3", "KL k3", "{:.2e}"),
+    ("actor/sampler_trainer_is_max", "IS max", "{:.2f}"),
+    ("actor/rollout_is_clipped_frac", "TIS clipped", "{:.4f}"),
+    ("actor/rollout_rs_masked_frac", "MIS masked", "{:.4f}"),
+    ("actor/entropy", "entropy", "{:.4f}"),
+]
+
+
+def per_step(runs: Path, names: dict[str, str], columns: list[tuple[str, str, str]]) -> None:
+    """One row per step and run: the runs of a comparison side by side."""
+    for name, label in names.items():
+        recs = records(runs / name)
+        if not recs:
+            continue
+        shown = [c for c in columns if any(c[0] in r for r in recs)]
+        print(f"\n{name} ({label})\n")
+        print("| step | " + " | ".join(c[1] for c in shown) + " |")
+        print("|---" * (len(shown) + 1) + "|")
+        by_step: dict[int, dict] = {}
+        for r in recs:
+            by_step.setdefault(int(r["step"]), {}).update(r)
+        for step, r in sorted(by_step.items()):
+            cells = [fmt.format(r[key]) if key in r else "" for key, _, fmt in shown]
+            print(f"| {step} | " + " | ".join(cells) + " |")
+
+
+def side_by_side(runs: Path, names: dict[str, str], columns: list[tuple[str, str, str]]) -> None:
+    """One row per step, each column's value for every run that exists, separated by " / "."""
+    present = [n for n in names if records(runs / n)]
+    if not present:
+        return
+    steps: dict[str, dict[int, dict]] = {}
+    for name in present:
+        for r in records(runs / name):
+            steps.setdefault(name, {}).setdefault(int(r["step"]), {}).update(r)
+    print("\nside by side: " + " / ".join(f"{n} ({names[n]})" for n in present) + "\n")
+    print("| step | " + " | ".join(c[1] for c in columns) + " |")
+    print("|---" * (len(columns) + 1) + "|")
+    for step in sorted(set().union(*(steps[n] for n in present))):
+        cells = []
+        for key, _, fmt in columns:
+            values = [steps[n].get(step, {}).get(key) for n in present]
+            cells.append(" / ".join("–" if v is None else fmt.format(v) for v in values))
+        print(f"| {step} | " + " | ".join(cells) + " |")
+
+
 def plot(runs: Path, names: dict[str, str], metrics: list[tuple[str, str]], path: Path, title: str) -> None:
     import matplotlib
 
@@ -93,6 +146,9 @@ def plot(runs: Path, names: dict[str, str], metrics: list[tuple[str, str]], path
 def main() -> None:
     runs = Path(sys.argv[1])
     table(runs)
+    per_step(runs, STALENESS, PER_STEP)
+    side_by_side(runs, STALENESS, [c for c in PER_STEP if c[0] != "training/staleness/mean"])
+    per_step(runs, STEP, [*PER_STEP[:2], PER_STEP[-1]])
     plot(
         runs,
         STALENESS,
@@ -103,7 +159,7 @@ def main() -> None:
             ("training/staleness/max", "staleness max (versions)"),
         ],
         IMG / "training_staleness.png",
-        "agl-demo, async (32 groups in flight), seed 0",
+        "agl-demo, async (48 groups in flight, 64 agents), seed 0",
     )
     plot(
         runs,

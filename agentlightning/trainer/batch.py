@@ -9,6 +9,10 @@
    still count: the rollout was a real sample of the policy).
 5. Shaping: drop whole groups to fill whole mini-batches within `max_ppo_update_times`.
 
+`collect_training_batch` is a step's collection and build: with DAPO's dynamic sampling it
+collects more batches while too few groups carry signal, and it says once, for the batch the
+step trains on, what was left out.
+
 Splitting into mini-batches with per-rollout loss weights is the backend's call to
 `TrainingBatch.minibatches()`.
 """
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from agentlightning.aggregation import (
@@ -88,9 +92,49 @@ def build_training_batch(
     step: int = 0,
     policy_version: int | None = None,
 ) -> TrainingBatch:
-    """Rows, advantages and shaping for one step's collected train rollouts."""
+    """Rows, advantages and shaping for one step's collected train rollouts (says nothing: the
+    step's one line is `collect_training_batch`'s, or the caller's `say_what_was_left_out`)."""
     with gc_paused():
         return _build(rollouts, config, step, policy_version)
+
+
+Collect = Callable[[], tuple[list[CollectedRollout], dict[str, float]]]
+
+
+def collect_training_batch(
+    first: list[CollectedRollout],
+    collect: Collect,
+    config: CoreConfig,
+    step: int,
+    metrics: dict[str, float],
+    policy_version: int | None = None,
+) -> TrainingBatch:
+    """The step's batch from its `first` collected rollouts. With DAPO's dynamic sampling
+    (`algorithm.filter_groups.enable`), while all-equal groups were filtered out and fewer than
+    `data.train_batch_size` groups are left, `collect()` another batch (at most
+    `max_num_gen_batches` in all; 0: no limit) and build again from everything collected.
+    `metrics` (the collection's) gets the collect time of the extra batches and
+    `training/n_generated_batches`. What the step leaves out is said once, for the final batch:
+    the builds in between are not the step's batch."""
+    rollouts = list(first)
+    batch = build_training_batch(rollouts, config, step, policy_version)
+    n_batches = 1
+    while config.filter_groups and batch.metrics.get("training/n_groups", 0) < config.train_batch_size:
+        if config.filter_groups_max_batches and n_batches >= config.filter_groups_max_batches:
+            log.warning("filter_groups_batch_not_full", step=step, generated_batches=n_batches)
+            break
+        more, more_metrics = collect()
+        if not more:
+            break
+        n_batches += 1
+        metrics["timing/collect_s"] = metrics.get("timing/collect_s", 0.0) + more_metrics.get(
+            "timing/collect_s", 0.0
+        )
+        rollouts.extend(more)
+        batch = build_training_batch(rollouts, config, step, policy_version)
+    metrics["training/n_generated_batches"] = n_batches
+    say_what_was_left_out(step, batch.metrics)
+    return batch
 
 
 def _build(
@@ -198,7 +242,6 @@ def _build(
     if policy_version is not None:
         metrics.update(staleness_metrics(shaped, policy_version))
     metrics["timing/build_batch_s"] = time.perf_counter() - started
-    _say_what_was_left_out(step, metrics)
     length = config.loss_scale_factor or config.max_response_length
     return TrainingBatch(
         shaped, metrics, config.ppo_mini_batch_size, agl.seed, step, config.loss_agg_mode.value, length
@@ -221,7 +264,9 @@ _LEFT_OUT = {
 }
 
 
-def _say_what_was_left_out(step: int, metrics: dict[str, float]) -> None:
+def say_what_was_left_out(step: int, metrics: dict[str, float]) -> None:
+    """The step's one line: `batch_empty_nothing_to_train` (a warning: no update, nothing published)
+    when no row is trained, else `batch_left_out` with every non-zero count, if any."""
     said = {name: int(metrics[key]) for key, name in _LEFT_OUT.items() if metrics.get(key)}
     if metrics.get("training/n_sample_trained", 0) == 0:
         log.warning("batch_empty_nothing_to_train", step=step, **said)

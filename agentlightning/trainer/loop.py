@@ -3,7 +3,7 @@
 Each step:
 
     collect    rollouts through the Gateway (sync, or async with groups kept in flight)
-    build      rows, rewards, advantages, shaping (`build_training_batch`)
+    build      rows, rewards, advantages, shaping (`collect_training_batch`; DAPO's top-up)
     update     the backend's policy update on the core's mini-batches
     publish    pause the Gateway, drain in-flight calls, the backend puts the new weights into its
                serving engines, register the new version, resume (`RolloutManager.update_weights`)
@@ -19,6 +19,7 @@ their samples count as used.
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -29,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from agentlightning.client import GatewayClient
 from agentlightning.log import get_logger
-from agentlightning.trainer.batch import TrainingBatch, build_training_batch
+from agentlightning.trainer.batch import TrainingBatch, collect_training_batch
 from agentlightning.trainer.checkpoint import (
     latest_checkpoint,
     load_loop_state,
@@ -193,12 +194,10 @@ class TrainingLoop:
             if not rollouts:
                 log.warning("training_data_exhausted", step=self.step)
                 break
-            batch = build_training_batch(rollouts, self.core, step, policy_version=self.version)
-            batch, rollouts = self._top_up(collector, batch, rollouts, step, metrics)
+            more = functools.partial(collector.collect, self.data.next, step)  # DAPO's top-up
+            batch = collect_training_batch(rollouts, more, self.core, step, metrics, self.version)
             metrics.update(batch.metrics)
-            if batch.empty:
-                log.warning("empty_batch_no_update", step=step, hint="see training/n_* metrics in the log")
-            else:
+            if not batch.empty:  # an empty one was said (`batch_empty_nothing_to_train`): no update
                 metrics.update(self.backend.update(batch))
                 new_version = self.version + 1
 
@@ -220,30 +219,6 @@ class TrainingLoop:
                 self._save()
         if last_validated != self.step:
             self._validate(manager, tracker)
-
-    def _top_up(
-        self, collector: Any, batch: TrainingBatch, rollouts: list[Any], step: int, metrics: dict[str, float]
-    ) -> tuple[TrainingBatch, list[Any]]:
-        """DAPO's dynamic sampling (`algorithm.filter_groups.enable`): while all-equal groups were
-        filtered out and fewer than `data.train_batch_size` groups are left, collect another batch
-        (at most `max_num_gen_batches` in all; 0: no limit)."""
-        core = self.core
-        n_batches = 1
-        while core.filter_groups and batch.metrics.get("training/n_groups", 0) < core.train_batch_size:
-            if core.filter_groups_max_batches and n_batches >= core.filter_groups_max_batches:
-                log.warning("filter_groups_batch_not_full", step=step, generated_batches=n_batches)
-                break
-            more, more_metrics = collector.collect(self.data.next, step)
-            if not more:
-                break
-            n_batches += 1
-            metrics["timing/collect_s"] = metrics.get("timing/collect_s", 0.0) + more_metrics.get(
-                "timing/collect_s", 0.0
-            )
-            rollouts = rollouts + more
-            batch = build_training_batch(rollouts, core, step, policy_version=self.version)
-        metrics["training/n_generated_batches"] = n_batches
-        return batch, rollouts
 
     def _validate(self, manager: RolloutManager, tracker: Tracker, log_now: bool = True) -> dict[str, float]:
         if not self.val_dataset:

@@ -7,11 +7,12 @@ from __future__ import annotations
 import math
 
 import pytest
+from structlog.testing import capture_logs
 
 from agentlightning.rows import TrainingRow
 from agentlightning.schemas import RolloutState
 from agentlightning.trainer.advantage import rollout_advantages
-from agentlightning.trainer.batch import build_training_batch
+from agentlightning.trainer.batch import build_training_batch, collect_training_batch
 from agentlightning.trainer.collected import CollectedRollout
 from agentlightning.trainer.config import AdvEstimator, ConfigError, load_core_config
 from agentlightning.trainer.shaping import set_loss_weights
@@ -185,9 +186,11 @@ def test_v1_loss_agg_mode_token_sum_reads_as_the_per_rollout_mean() -> None:
     assert cfg.loss_agg_mode == "seq-mean-token-mean"
 
 
-def test_what_a_step_leaves_out_is_said_once() -> None:
-    from structlog.testing import capture_logs
+def _no_more() -> tuple[list[CollectedRollout], dict[str, float]]:
+    return [], {}
 
+
+def test_what_a_step_leaves_out_is_said_once() -> None:
     no_lp = CollectedRollout(
         "g1-1",
         "g1",
@@ -198,10 +201,65 @@ def test_what_a_step_leaves_out_is_said_once() -> None:
     rollouts = [_rollout("g0", 0, 1.0), _rollout("g0", 1, 0.0), _rollout("g1", 0, 1.0), no_lp]
     with capture_logs() as logs:
         build_training_batch(rollouts, _config(), step=3)
+    assert logs == []  # a build is not a step: the step's line is collect_training_batch's
+    with capture_logs() as logs:
+        collect_training_batch(rollouts, _no_more, _config(), 3, {})
     (said,) = [e for e in logs if e["event"] == "batch_left_out"]
     assert said["step"] == 3
     assert said["groups_all_equal_trained_with_zero_advantage"] == 1
     assert said["calls_without_log_probs"] == 1
     with capture_logs() as logs:
-        build_training_batch([], _config(), step=4)
+        collect_training_batch([], _no_more, _config(), 4, {})
     assert [e["event"] for e in logs] == ["batch_empty_nothing_to_train"]
+
+
+DAPO = {"algorithm.filter_groups.enable": True}
+
+
+def test_dapo_top_up_says_the_step_once_and_not_empty_when_it_trains() -> None:
+    # The first batch has no signal (both groups all equal): its build is empty, but the step is
+    # not — the top-up collects until 2 groups with signal are left. One line, for the final batch.
+    first = [_rollout("g0", 0, 1.0), _rollout("g0", 1, 1.0), _rollout("g1", 0, 0.0), _rollout("g1", 1, 0.0)]
+    more = [
+        [_rollout("g2", 0, 1.0), _rollout("g2", 1, 0.0), _rollout("g3", 0, 1.0), _rollout("g3", 1, 1.0)],
+        [_rollout("g4", 0, 0.0), _rollout("g4", 1, 1.0), _rollout("g5", 0, 0.0), _rollout("g5", 1, 0.0)],
+    ]
+    calls: list[int] = []
+
+    def collect() -> tuple[list[CollectedRollout], dict[str, float]]:
+        calls.append(1)
+        return more.pop(0), {"timing/collect_s": 2.0}
+
+    metrics = {"timing/collect_s": 1.0}
+    with capture_logs() as logs:
+        batch = collect_training_batch(first, collect, _config(**DAPO), 5, metrics)
+    assert len(calls) == 2
+    assert {r.group_id for r in batch.rows} == {"g2", "g4"}
+    assert metrics["training/n_generated_batches"] == 3
+    assert metrics["timing/collect_s"] == 5.0
+    assert batch.metrics["training/n_groups_filtered/same_reward"] == 4
+    assert [(e["event"], e["step"], e.get("groups_all_equal_filtered")) for e in logs] == [
+        ("batch_left_out", 5, 4)
+    ]
+
+
+@pytest.mark.parametrize("max_batches", [0, 2])
+def test_dapo_step_with_no_signal_at_all_is_said_empty_once(max_batches: int) -> None:
+    # Every batch all-equal: the data run out (0: no limit) or the cap of 2 batches is reached.
+    def batch(n: int) -> list[CollectedRollout]:
+        return [_rollout(f"g{n}", 0, 1.0), _rollout(f"g{n}", 1, 1.0)]
+
+    more = [batch(1)]
+
+    def collect() -> tuple[list[CollectedRollout], dict[str, float]]:
+        return (more.pop(0) if more else []), {}
+
+    cfg = _config(**DAPO, **{"algorithm.filter_groups.max_num_gen_batches": max_batches})
+    with capture_logs() as logs:
+        result = collect_training_batch(batch(0), collect, cfg, 2, {})
+    assert result.empty
+    empty = [e for e in logs if e["event"] == "batch_empty_nothing_to_train"]
+    assert [(e["step"], e["groups_all_equal_filtered"]) for e in empty] == [(2, 2)]
+    assert [e["event"] for e in logs if e["event"] != "batch_empty_nothing_to_train"] == (
+        ["filter_groups_batch_not_full"] if max_batches else []
+    )
