@@ -367,7 +367,9 @@ class TrainingLoop:
 
         def save_backends(folder: Path) -> None:
             for name, backend in self.backends.items():
-                backend.save(self._backend_dir(folder, name))  # type: ignore[arg-type]  # never None here
+                target = self._backend_dir(folder, name) or folder
+                target.mkdir(parents=True, exist_ok=True)
+                backend.save(target)
 
         save_checkpoint(
             self.loop.default_local_dir, self.step, state, save_backends, self.loop.max_actor_ckpt_to_keep
