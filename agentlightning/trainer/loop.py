@@ -300,8 +300,6 @@ class TrainingLoop:
         if new_versions != self.versions:
             metrics.update(manager.update_policies(publish, new_versions))
             self.versions = new_versions
-        for name, version in self.versions.items():
-            metrics[f"policy/{name}/training/policy_version"] = version
 
     def _top_up(
         self, collector: Any, batch: TrainingBatch, rollouts: list[Any], step: int, metrics: dict[str, float]

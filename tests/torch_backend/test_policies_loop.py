@@ -50,7 +50,7 @@ def test_two_policies_train_publish_and_resume_like_an_uninterrupted_run(
         p = f"policy/{role}/"
         # Each step's calls of this role were served by the role's last publish, and each step
         # updated the role once on its own rows: one call per rollout.
-        assert [r[p + "training/policy_version"] for r in records] == [1, 2, 3]
+        assert [r[p + "training/policy_version"] for r in records] == [0, 1, 2]
         assert all(r[p + "training/staleness/max"] == 0 for r in records)
         assert all(r[p + "training/n_turns"] == BATCH * N for r in records)
         assert all(r[p + "actor/optimizer_steps"] == 1 for r in records)
