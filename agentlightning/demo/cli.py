@@ -40,6 +40,8 @@ from agentlightning.procs import ManagedProcess, ProcessFailed, free_port
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
 
 AGENT_CLASS = "agentlightning.demo.agent:CalcAgent"
+ROLES_AGENT_CLASS = "agentlightning.demo.roles:TwoRoleAgent"
+PLANNER, WRITER = "planner", "writer"  # demo/roles.py's (not imported: it imports the openai client)
 ENV_MAP = {"QUESTION": "input.question", "ANSWER": "input.answer"}
 MARKER = ".agl-demo"  # marks a directory this demo made, and may replace
 P = TypeVar("P", bound=ManagedProcess)
@@ -113,6 +115,7 @@ class Demo:
                 lr=float(w.lr),
                 seed=self.seed,
                 correct_op_prob=float(w.correct_op_prob),
+                wrong_answer_prob=float(w.wrong_answer_prob),
             ),
         )
         say(
@@ -166,6 +169,9 @@ class Demo:
         if self.cfg.trainer_backend != "torch":  # keys only the torch backend reads: verl refuses them set
             del runtime["actor_rollout_ref"]["rollout"]["engine"]
             del runtime["trainer"]["torch_threads"]
+        if self.cfg.roles:  # two policies, each its own copy of the warm model (docs/policies.md)
+            runtime["agentlightning"]["local"]["agent_class"] = ROLES_AGENT_CLASS
+            runtime["agentlightning"]["policies"] = {PLANNER: {}, WRITER: {}}
         demo_block = OmegaConf.to_container(self.cfg.train)
         OmegaConf.save(OmegaConf.merge(demo_block, runtime), self.config_path)
         cfg = load_cli_config(
@@ -270,6 +276,12 @@ class Demo:
         png = self.run_dir / "reward_curve.png"
         plot_rewards(train, val, png, f"agl-demo, seed {self.seed}")
         say(f"[4/4] Reward curve: {png}\n      Metrics: {self.run_dir / METRICS_FILE} (and TensorBoard)")
+        if self.cfg.roles:
+            for role in (PLANNER, WRITER):
+                key = f"policy/{role}/val/reward"
+                curve = [(int(r["step"]), r[key]) for r in records if key in r]
+                if curve:
+                    say(f"      {role}: validation reward {curve[0][1]:.3f} -> {curve[-1][1]:.3f}")
         return val[0][1], val[-1][1]
 
     # --- processes ------------------------------------------------------------------------

@@ -34,9 +34,14 @@ class WarmupConfig:
     # The demonstrator is a naive agent that adds: right on "more" problems, and on the others
     # it uses the right operation (- or *) with this probability, else +.
     correct_op_prob: float = 0.35
+    # The two-role demo (demo/roles.py): the demonstrator's answer turn reports the question's
+    # number instead of the tool's result this often, so that the writer has something to learn.
+    wrong_answer_prob: float = 0.0
 
 
-def demonstration(rng: random.Random, correct_op_prob: float = 0.35) -> tuple[str, str, str, str]:
+def demonstration(
+    rng: random.Random, correct_op_prob: float = 0.35, wrong_answer_prob: float = 0.0
+) -> tuple[str, str, str, str]:
     """One problem's conversation: (question, tool-call turn, tool result, answer turn)."""
     problem = make_problem(rng)
     right = problem.op[0]
@@ -45,7 +50,10 @@ def demonstration(rng: random.Random, correct_op_prob: float = 0.35) -> tuple[st
     result = calculator(expression)
     call = json.dumps({"name": TOOL_NAME, "arguments": {"expression": expression}})
     turn1 = f"<tool_call>\n{call}\n</tool_call><|im_end|>"
-    turn2 = f"The answer is {result}.<|im_end|>"
+    said = result
+    if wrong_answer_prob and rng.random() < wrong_answer_prob:  # no draw at 0: the default unchanged
+        said = str(problem.x)
+    turn2 = f"The answer is {said}.<|im_end|>"
     return problem.question, turn1, result, turn2
 
 
@@ -98,12 +106,12 @@ def corpus(tokenizer: Any, n: int, seed: int) -> list[str]:
 
 
 def make_examples(
-    tokenizer: Any, n: int, seed: int, correct_op_prob: float = 0.35
+    tokenizer: Any, n: int, seed: int, correct_op_prob: float = 0.35, wrong_answer_prob: float = 0.0
 ) -> list[tuple[list[int], list[int]]]:
     rng = random.Random(seed)
     out = []
     for _ in range(n):
-        question, turn1, result, turn2 = demonstration(rng, correct_op_prob)
+        question, turn1, result, turn2 = demonstration(rng, correct_op_prob, wrong_answer_prob)
         out.append(render(tokenizer, question, turn1, result, turn2))
     return out
 
@@ -112,7 +120,13 @@ def warmup(model: Any, tokenizer: Any, config: WarmupConfig | None = None) -> di
     """Train `model` in place with cross-entropy on the demonstrations' model turns."""
     config = config or WarmupConfig()
     device = next(model.parameters()).device
-    examples = make_examples(tokenizer, config.steps * config.batch_size, config.seed, config.correct_op_prob)
+    examples = make_examples(
+        tokenizer,
+        config.steps * config.batch_size,
+        config.seed,
+        config.correct_op_prob,
+        config.wrong_answer_prob,
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     # Short ramp-up, constant, then a decay over the last fifth (copying is learned mid-way).
     tail = max(1, config.steps // 5)

@@ -100,7 +100,8 @@ def model_request_triplet(data: dict[str, Any]) -> dict[str, Any]:
 
 def reward_triplet(data: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"value": data.get("value")}
-    for key in ("source", "reason", "call_index"):  # call_index: a reward for one call (optional)
+    # call_index: a reward for one call, policy: for one role (docs/policies.md); both optional
+    for key in ("source", "reason", "call_index", "policy"):
         if data.get(key) is not None:
             out[key] = data[key]
     return out

@@ -242,7 +242,7 @@ def torch_read_keys() -> tuple[set[str], set[str]]:
     trainer, _ = dataclass_keys("trainer.", TrainerConfig)
     data, _ = dataclass_keys("data.", DataConfig)
     read |= rc | trainer | data | set(core_config_keys())
-    maps |= {"agentlightning.local.env_map"}
+    maps |= {"agentlightning.local.env_map", "agentlightning.policies"}  # user-chosen names below
     return read, maps
 
 

@@ -11,6 +11,7 @@ engine and its part of each checkpoint.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -48,13 +49,20 @@ log = get_logger("torch_backend")
 class TorchBackend:
     """The policy and its update in this process; a rollout engine (torch or vLLM) serves it."""
 
-    def __init__(self, settings: TrainingConfig, config: TorchBackendConfig) -> None:
+    def __init__(
+        self, settings: TrainingConfig, config: TorchBackendConfig, policy: str | None = None
+    ) -> None:
         """`settings`: the run's parsed config (`load_training_config`); `config`: this backend's
-        block (`load_torch_backend_config`)."""
+        block (`load_torch_backend_config`). `policy`: with several policies
+        (`agentlightning.policies`), the one this backend trains and serves under its name."""
         self.core: CoreConfig = settings.core
         self.config = config
+        self.served_name = policy or self.core.agl.model_name
+        self.model_path = (self.core.agl.policy_path(policy) if policy else None) or config.model.path
         self.torch_threads = settings.trainer.torch_threads
         self.output_dir = Path(settings.trainer.output_dir)
+        if policy:  # each policy's engine files (vLLM's) apart
+            self.output_dir = self.output_dir / "policies" / policy
         self.updater: PolicyUpdater | None = None
         self.engine: RolloutEngine | None = None  # serves the policy: the torch engine or vLLM
         self.peft_model: Any = None  # with LoRA: the PeftModel around the policy (for its adapter files)
@@ -66,11 +74,12 @@ class TorchBackend:
         state = load_policy_state(checkpoint) if checkpoint is not None else None
         torch.manual_seed(self.core.agl.seed)
         try:
-            policy, tokenizer = load_model(self.config.model.path, device, torch.float32, self.core.agl.seed)
+            policy, tokenizer = load_model(self.model_path, device, torch.float32, self.core.agl.seed)
         except OSError as exc:
-            raise ConfigError(
-                f"actor_rollout_ref.model.path: cannot load {self.config.model.path!r}: {exc}"
-            ) from None
+            key = "actor_rollout_ref.model.path"
+            if self.model_path != self.config.model.path:
+                key = f"agentlightning.policies.{self.served_name}.path"
+            raise ConfigError(f"{key}: cannot load {self.model_path!r}: {exc}") from None
         policy = self._with_lora(policy)
         self._set_lr_horizon(total_steps)
         self.updater = PolicyUpdater(
@@ -87,10 +96,10 @@ class TorchBackend:
             set_torch_rng_state(state["rng"])
         self.engine = open_rollout_engine(
             self.config.rollout,
-            model_path=self.config.model.path,
+            model_path=self.model_path,
             model=self.updater.model,
             tokenizer=tokenizer,
-            served_model_name=self.core.agl.model_name,
+            served_model_name=self.served_name,
             device=device,
             workdir=self.output_dir / "vllm",
             version=version,
@@ -165,7 +174,18 @@ class TorchTrainer(TrainingLoop):
     ) -> None:
         cfg = config if isinstance(config, DictConfig) else OmegaConf.create(dict(config))
         settings = load_training_config(cfg)
-        backend = TorchBackend(settings, load_torch_backend_config(cfg))
+        torch_config = load_torch_backend_config(cfg)
+        backend: TorchBackend | dict[str, TorchBackend] = TorchBackend(settings, torch_config)
+        if settings.core.agl.policies:  # several policies: one backend each, its own copy of the config
+            if torch_config.rollout.port:
+                raise ConfigError(
+                    "actor_rollout_ref.rollout.port: with agentlightning.policies each policy's server "
+                    "takes a free port; leave it 0"
+                )
+            backend = {
+                name: TorchBackend(settings, copy.deepcopy(torch_config), policy=name)
+                for name in settings.core.agl.policy_names
+            }
         super().__init__(cfg, settings, backend, train_dataset, val_dataset, client)
 
 

@@ -264,11 +264,12 @@ _LEFT_OUT = {
 }
 
 
-def say_what_was_left_out(step: int, metrics: dict[str, float]) -> None:
-    """The step's one line: `batch_empty_nothing_to_train` (a warning: no update, nothing published)
-    when no row is trained, else `batch_left_out` with every non-zero count, if any."""
+def say_what_was_left_out(step: int, metrics: dict[str, float], **context: str) -> None:
+    """The step's one line (per policy, named in `context`, when a run has several):
+    `batch_empty_nothing_to_train` (a warning: no update, nothing published) when no row is
+    trained, else `batch_left_out` with every non-zero count, if any."""
     said = {name: int(metrics[key]) for key, name in _LEFT_OUT.items() if metrics.get(key)}
     if metrics.get("training/n_sample_trained", 0) == 0:
-        log.warning("batch_empty_nothing_to_train", step=step, **said)
+        log.warning("batch_empty_nothing_to_train", step=step, **context, **said)
     elif said:
-        log.info("batch_left_out", step=step, **said)
+        log.info("batch_left_out", step=step, **context, **said)

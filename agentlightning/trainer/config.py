@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import StrEnum
@@ -29,6 +30,9 @@ from agentlightning.aggregation import AggregationLevel
 from agentlightning.log import get_logger
 
 log = get_logger("trainer_config")
+
+
+POLICY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 class ConfigError(ValueError):
@@ -293,6 +297,20 @@ class AgentLightningConfig:
     max_staleness: int | None = None
     stale_policy: str = StalePolicy.DROP.value  # checked into a StalePolicy
     advantage_mode: str = AdvantageMode.ROLLOUT.value  # checked into an AdvantageMode
+    # Several policies trained in one run (docs/policies.md): name -> {path?: its own model}.
+    # Empty: one policy, served as `model_name` (v1.0).
+    policies: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def policy_names(self) -> list[str]:
+        """The names the run's policies are served (and recorded) under, in declared order."""
+        return list(self.policies) if self.policies else [self.model_name]
+
+    def policy_path(self, name: str) -> str | None:
+        """The model a policy loads, when it has its own (`policies.NAME.path`); None: the run's."""
+        spec = self.policies.get(name) or {}
+        path = spec.get("path")
+        return str(path) if path else None
 
     def validate(self) -> None:
         """Check the values (the types are the schema's); turn the choices into their enums."""
@@ -341,6 +359,21 @@ class AgentLightningConfig:
             raise ConfigError(
                 "agentlightning.model_name must not be empty: it is the model name the proxy routes by"
             )
+        for name, spec in self.policies.items():
+            key = f"agentlightning.policies.{name}"
+            if not POLICY_NAME.fullmatch(str(name)):
+                raise ConfigError(
+                    f"{key}: a policy name is letters, digits, '.', '_' or '-' (it names a model)"
+                )
+            if spec is None:
+                continue
+            if not isinstance(spec, Mapping):
+                raise ConfigError(f"{key} must be a mapping ({{}} or {{path: MODEL}}), got {spec!r}")
+            for k, v in spec.items():
+                if k != "path":
+                    raise ConfigError(f"{key}.{k}: not a key of a policy (its keys: path)")
+                if v is not None and (not isinstance(v, str) or not v.strip()):
+                    raise ConfigError(f"{key}.path must be a model path or module:function, got {v!r}")
         if self.hooks and not Path(self.hooks).is_file():
             raise ConfigError(f"agentlightning.hooks: no such file: {self.hooks!r}")
         if self.local.agent_class is not None and not self.local.agent_class.strip():

@@ -15,6 +15,11 @@ version, data position and RNG are restored here and the backend restores its ow
 the same folder, so the run goes on with the step and the samples an uninterrupted run would
 have had. Groups that were in flight in async mode when the run stopped are not restored:
 their samples count as used.
+
+Several policies (`agentlightning.policies`, docs/policies.md): the backend is one per policy,
+each serving under the policy's name; every step builds each policy's batch from its view of
+the rollouts (`policies.py`), updates each policy with rows, and publishes them all under one
+pause, each with its own version. Their metrics are prefixed `policy/NAME/`.
 """
 
 from __future__ import annotations
@@ -30,7 +35,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from agentlightning.client import GatewayClient
 from agentlightning.log import get_logger
-from agentlightning.trainer.batch import TrainingBatch, collect_training_batch
+from agentlightning.rewards import last_reward
+from agentlightning.trainer.batch import (
+    TrainingBatch,
+    build_training_batch,
+    collect_training_batch,
+    say_what_was_left_out,
+)
 from agentlightning.trainer.checkpoint import (
     latest_checkpoint,
     load_loop_state,
@@ -43,6 +54,7 @@ from agentlightning.trainer.config import ConfigError, CoreConfig, DataConfig, T
 from agentlightning.trainer.data import DataCursor, load_files
 from agentlightning.trainer.manager import RolloutManager
 from agentlightning.trainer.metrics import validation_metrics
+from agentlightning.trainer.policies import policy_views, prefixed, shared_view
 from agentlightning.trainer.tracking import Tracker
 
 log = get_logger("trainer")
@@ -88,14 +100,33 @@ class TrainingLoop:
         self,
         config: DictConfig | Mapping[str, Any],
         settings: TrainingConfig,
-        backend: TrainerBackend,
+        backend: TrainerBackend | Mapping[str, TrainerBackend],
         train_dataset: Sequence[Any] | None = None,
         val_dataset: Sequence[Any] | None = None,
         client: GatewayClient | None = None,
     ) -> None:
         self.config = config if isinstance(config, DictConfig) else OmegaConf.create(dict(config))
-        self.backend = backend
         self.core: CoreConfig = settings.core
+        # One backend per policy, keyed by the name it serves under (one policy: `model_name`).
+        names = self.core.agl.policy_names
+        self.several = bool(self.core.agl.policies)
+        if isinstance(backend, Mapping):
+            if list(backend) != names:
+                raise ConfigError(f"agentlightning.policies: backends for {list(backend)}, policies {names}")
+            self.backends: dict[str, TrainerBackend] = dict(backend)
+        elif self.several:
+            raise ConfigError(
+                "agentlightning.policies: this backend trains one policy; several policies in one run "
+                "need the torch backend (docs/policies.md)"
+            )
+        else:
+            self.backends = {names[0]: backend}
+        self.backend = self.backends[names[0]]
+        if self.several and self.core.filter_groups:
+            raise ConfigError(
+                "algorithm.filter_groups.enable with agentlightning.policies: dynamic sampling of "
+                "several policies is not implemented (a group may carry signal for one role only)"
+            )
         self.loop: TrainerConfig = settings.trainer
         self.data_config: DataConfig = settings.data
         train = list(train_dataset) if train_dataset is not None else None
@@ -122,7 +153,7 @@ class TrainingLoop:
                 )
         self.client = client
         self.step = 0
-        self.version = 0
+        self.versions = dict.fromkeys(self.backends, 0)  # each policy's served version
         self.history: list[dict[str, float]] = []  # validation metrics, with their step
 
     # --- public ---------------------------------------------------------------------------
@@ -137,11 +168,19 @@ class TrainingLoop:
         tracker: Tracker | None = None
         finished = False
         try:
-            endpoints = self.backend.start(self.step, self.version, self.total_steps, resume)
+            served = {
+                name: list(
+                    backend.start(
+                        self.step, self.versions[name], self.total_steps, self._backend_dir(resume, name)
+                    )
+                )
+                for name, backend in self.backends.items()
+            }
+            endpoints = [e for urls in served.values() for e in urls]
             if resume is not None:
-                log.info("resumed", checkpoint=str(resume), step=self.step, version=self.version)
+                log.info("resumed", checkpoint=str(resume), step=self.step, versions=self.versions)
             manager = RolloutManager(self.core, self.client)
-            manager.register_endpoints(endpoints, self.version)
+            manager.register_policies(served, self.versions)
             tracker = Tracker(
                 self.loop.logger,
                 self.loop.output_dir,
@@ -173,7 +212,8 @@ class TrainingLoop:
                 manager.close()
             if tracker is not None:
                 tracker.close()
-            self.backend.close()
+            for backend in self.backends.values():
+                backend.close()
         return self.history[-1] if self.history else {}
 
     # --- the loop -------------------------------------------------------------------------
@@ -194,18 +234,10 @@ class TrainingLoop:
             if not rollouts:
                 log.warning("training_data_exhausted", step=self.step)
                 break
-            more = functools.partial(collector.collect, self.data.next, step)  # DAPO's top-up
-            batch = collect_training_batch(rollouts, more, self.core, step, metrics, self.version)
-            metrics.update(batch.metrics)
-            if not batch.empty:  # an empty one was said (`batch_empty_nothing_to_train`): no update
-                metrics.update(self.backend.update(batch))
-                new_version = self.version + 1
-
-                def publish(new_version: int = new_version) -> Sequence[str] | None:
-                    return self.backend.publish(new_version)
-
-                metrics.update(manager.update_weights(publish, new_version))
-                self.version = new_version
+            if self.several:
+                self._train_policies(manager, rollouts, step, metrics)
+            else:
+                self._train_one(manager, collector, rollouts, step, metrics)
             self.step = step
             metrics["training/epoch"] = self.data.epoch
             metrics["training/global_step"] = step
@@ -220,12 +252,72 @@ class TrainingLoop:
         if last_validated != self.step:
             self._validate(manager, tracker)
 
+    @property
+    def version(self) -> int:
+        """The (first) policy's served version."""
+        return self.versions[next(iter(self.versions))]
+
+    def _train_one(
+        self,
+        manager: RolloutManager,
+        collector: Any,
+        rollouts: list[Any],
+        step: int,
+        metrics: dict[str, float],
+    ) -> None:
+        """One policy: build (with DAPO's top-up), update, publish (the v1.0 shape)."""
+        name = next(iter(self.backends))
+        more = functools.partial(collector.collect, self.data.next, step)  # DAPO's top-up
+        batch = collect_training_batch(rollouts, more, self.core, step, metrics, self.versions[name])
+        metrics.update(batch.metrics)
+        if batch.empty:  # said once (`batch_empty_nothing_to_train`): no update
+            return
+        metrics.update(self.backend.update(batch))
+        new_version = self.versions[name] + 1
+
+        def publish(new_version: int = new_version) -> Sequence[str] | None:
+            return self.backend.publish(new_version)
+
+        metrics.update(manager.update_weights(publish, new_version))
+        self.versions[name] = new_version
+
+    def _train_policies(
+        self, manager: RolloutManager, rollouts: list[Any], step: int, metrics: dict[str, float]
+    ) -> None:
+        """Several policies: each its batch from its view of the rollouts, its update; one publish."""
+        new_versions = dict(self.versions)
+        publish: dict[str, Any] = {}
+        for name, backend in self.backends.items():
+            views = policy_views(rollouts, name)
+            batch = build_training_batch(views, self.core, step, policy_version=self.versions[name])
+            metrics.update(prefixed(name, batch.metrics))
+            say_what_was_left_out(step, batch.metrics, policy=name)
+            publish[name] = lambda: None  # keeps its endpoints and version
+            if batch.empty:
+                continue
+            metrics.update(prefixed(name, backend.update(batch)))
+            new_versions[name] += 1
+            publish[name] = lambda backend=backend, version=new_versions[name]: backend.publish(version)
+        # The task's (shared) reward, as the validation's `val/reward`; each role's is prefixed.
+        shared = [last_reward(shared_view(r).events) for r in rollouts if r.is_train]
+        fill = self.core.agl.reward_fillna_value
+        metrics["training/reward"] = sum(fill if v is None else v for v in shared) / max(len(shared), 1)
+        if new_versions != self.versions:
+            metrics.update(manager.update_policies(publish, new_versions))
+            self.versions = new_versions
+
     def _validate(self, manager: RolloutManager, tracker: Tracker, log_now: bool = True) -> dict[str, float]:
         if not self.val_dataset:
             return {}
         started = time.perf_counter()
         rollouts, _ = manager.collect(self.val_dataset, self.step, is_train=False)
-        metrics = validation_metrics(rollouts, self.core.agl.reward_fillna_value)
+        fill = self.core.agl.reward_fillna_value
+        if self.several:  # the task's (shared) reward unprefixed, each role's under policy/NAME/
+            metrics = validation_metrics([shared_view(r) for r in rollouts], fill)
+            for name in self.backends:
+                metrics.update(prefixed(name, validation_metrics(policy_views(rollouts, name), fill)))
+        else:
+            metrics = validation_metrics(rollouts, fill)
         metrics["timing/validation_s"] = time.perf_counter() - started
         self.history.append({"step": float(self.step), **metrics})
         if log_now:
@@ -246,16 +338,38 @@ class TrainingLoop:
         state = {
             "step": self.step,
             "version": self.version,
+            "versions": dict(self.versions),
             "data": self.data.state_dict(),
             "rng": python_rng_state(),
             "config": OmegaConf.to_container(self.config, resolve=True),
         }
+
+        def save_backends(folder: Path) -> None:
+            for name, backend in self.backends.items():
+                target = self._backend_dir(folder, name) or folder
+                target.mkdir(parents=True, exist_ok=True)
+                backend.save(target)
+
         save_checkpoint(
-            self.loop.default_local_dir, self.step, state, self.backend.save, self.loop.max_actor_ckpt_to_keep
+            self.loop.default_local_dir, self.step, state, save_backends, self.loop.max_actor_ckpt_to_keep
         )
+
+    def _backend_dir(self, folder: Path | None, name: str) -> Path | None:
+        """Where a policy's backend state lives in a checkpoint: the folder itself for one policy
+        (as before policies existed), `policies/NAME/` in it for several."""
+        if folder is None or not self.several:
+            return folder
+        return folder / "policies" / name
 
     def _restore(self, state: dict[str, Any]) -> None:
         self.data.load_state_dict(state["data"])
         self.step = int(state["step"])
-        self.version = int(state["version"])
+        versions = state.get("versions") if self.several else None
+        versions = versions or {next(iter(self.versions)): state["version"]}
+        if set(versions) != set(self.versions):
+            raise ConfigError(
+                f"trainer.resume_mode: the checkpoint holds policies {sorted(versions)}, "
+                f"the run declares {sorted(self.versions)} (agentlightning.policies)"
+            )
+        self.versions = {name: int(versions[name]) for name in self.versions}
         set_python_rng_state(state["rng"])

@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +49,7 @@ from agentlightning.trainer.collected import CollectedRollout
 from agentlightning.trainer.config import CoreConfig
 from agentlightning.trainer.gcpause import gc_paused
 from agentlightning.trainer.hooks import HookRunner
-from agentlightning.trainer.publish import EndpointPublisher
+from agentlightning.trainer.publish import EndpointPublisher, update_together
 from agentlightning.wire import expand_prompt_refs
 
 log = get_logger("trainer")
@@ -96,12 +96,17 @@ class RolloutManager:
             agl.agl_base_url, agl.agl_key, max_connections=max(16, 2 * agl.fetch_concurrency)
         )
         self.run_id = run_id or uuid.uuid4().hex[:12]
-        self.publisher = EndpointPublisher(
-            self.client,
-            agl.model_name,
-            agl.async_rollout.drain_timeout_seconds,
-            agl.async_rollout.pause_retry_after_seconds,
-        )
+        # One publisher per policy the run serves (docs/policies.md); `publisher` is the first.
+        self.publishers = {
+            name: EndpointPublisher(
+                self.client,
+                name,
+                agl.async_rollout.drain_timeout_seconds,
+                agl.async_rollout.pause_retry_after_seconds,
+            )
+            for name in agl.policy_names
+        }
+        self.publisher = next(iter(self.publishers.values()))
         self._rollout_config = RolloutConfig(
             timeout_seconds=agl.rollout_timeout_seconds,
             local=(
@@ -161,6 +166,18 @@ class RolloutManager:
         """Pause, drain, `publish()`, register `version`, resume: see `publish.EndpointPublisher`."""
         return self.publisher.update(publish, version)
 
+    def register_policies(self, endpoints: Mapping[str, Sequence[str]], versions: Mapping[str, int]) -> None:
+        """At start-up: clear the Gateway's table, register every policy's endpoints and version."""
+        for i, (name, urls) in enumerate(endpoints.items()):
+            self.publishers[name].register(urls, versions[name], replace=i == 0)
+
+    def update_policies(
+        self, publish: Mapping[str, Callable[[], Sequence[str] | None]], versions: Mapping[str, int]
+    ) -> dict[str, float]:
+        """One pause for every policy: `publish[name]()`, register `versions[name]` (see
+        `publish.update_together`)."""
+        return update_together([(self.publishers[n], publish[n], versions[n]) for n in self.publishers])
+
     # --- submitting -----------------------------------------------------------------------
 
     @property
@@ -176,7 +193,8 @@ class RolloutManager:
             raise ValueError(f"rollouts per prompt must be >= 1, got {n}")
         if self._cursor is None:
             self._cursor = self._cursor_end()  # before creating: nothing of ours can be missed
-        self.publisher.refresh()
+        for publisher in self.publishers.values():
+            publisher.refresh()
         specs: list[RolloutCreate] = []
         groups: list[Group] = []
         pending: list[_Pending] = []

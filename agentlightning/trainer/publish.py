@@ -82,37 +82,60 @@ class EndpointPublisher:
 
     def update(self, publish: Callable[[], Sequence[str] | None], version: int) -> dict[str, float]:
         """Pause, drain, `publish()` (returns the endpoints, or None to keep them), register, resume."""
-        if version < self.version:
-            raise ValueError(f"the new model version {version} is older than the served {self.version}")
-        started = time.perf_counter()
-        state = self.client.pause(self.retry_after_seconds, reason=f"weight update to version {version}")
-        drain_started = time.perf_counter()
-        drained, residual = self.drain(self.drain_timeout_seconds)
-        drain_seconds = time.perf_counter() - drain_started
-        if not drained:
-            log.warning(
-                "drain_timed_out",
-                inflight=residual,
-                timeout_seconds=self.drain_timeout_seconds,
-                hint="these calls finish on whichever weights serve them; raise "
-                "agentlightning.async_rollout.drain_timeout_seconds if this repeats",
+        return update_together([(self, publish, version)])
+
+
+def update_together(
+    updates: Sequence[tuple[EndpointPublisher, Callable[[], Sequence[str] | None], int]],
+) -> dict[str, float]:
+    """One weight update of several policies (docs/policies.md) under one pause: pause, drain,
+    then for each `(publisher, publish, version)` `publish()` and register `version`, resume.
+    The publishers share one Gateway; the first one's client and timeouts are used. When any
+    policy's endpoints change, the table is cleared once and every policy registered again."""
+    if not updates:
+        raise ValueError("update at least one policy")
+    for publisher, _, version in updates:
+        if version < publisher.version:
+            raise ValueError(
+                f"the new version {version} of {publisher.model_name!r} is older than the served {publisher.version}"
             )
-        try:
-            publish_started = time.perf_counter()
+    lead = updates[0][0]
+    started = time.perf_counter()
+    versions = ", ".join(f"{p.model_name} {v}" for p, _, v in updates)
+    state = lead.client.pause(lead.retry_after_seconds, reason=f"weight update to version {versions}")
+    drain_started = time.perf_counter()
+    drained, residual = lead.drain(lead.drain_timeout_seconds)
+    drain_seconds = time.perf_counter() - drain_started
+    if not drained:
+        log.warning(
+            "drain_timed_out",
+            inflight=residual,
+            timeout_seconds=lead.drain_timeout_seconds,
+            hint="these calls finish on whichever weights serve them; raise "
+            "agentlightning.async_rollout.drain_timeout_seconds if this repeats",
+        )
+    try:
+        publish_started = time.perf_counter()
+        served: list[list[str]] = []
+        for publisher, publish, _ in updates:
             new_endpoints = publish()
-            publish_seconds = time.perf_counter() - publish_started
-            urls = (
+            served.append(
                 [normalize_endpoint(e) for e in new_endpoints]
                 if new_endpoints is not None
-                else self.endpoints
+                else publisher.endpoints
             )
-            self.register(urls, version, replace=set(urls) != set(self.endpoints))
-        finally:
-            self.client.resume()
-        return {
-            "training/async/proxy_inflight_at_pause": state.inflight,
-            "training/async/proxy_drain_seconds": drain_seconds,
-            "training/async/proxy_drain_timed_out": 0 if drained else 1,
-            "timing/publish_s": publish_seconds,
-            "timing/weight_update_s": time.perf_counter() - started,
-        }
+        publish_seconds = time.perf_counter() - publish_started
+        changed = any(set(urls) != set(p.endpoints) for (p, _, _), urls in zip(updates, served, strict=True))
+        if changed and len(updates) > 1:
+            lead.client.delete_models()
+        for (publisher, _, version), urls in zip(updates, served, strict=True):
+            publisher.register(urls, version, replace=changed and len(updates) == 1)
+    finally:
+        lead.client.resume()
+    return {
+        "training/async/proxy_inflight_at_pause": state.inflight,
+        "training/async/proxy_drain_seconds": drain_seconds,
+        "training/async/proxy_drain_timed_out": 0 if drained else 1,
+        "timing/publish_s": publish_seconds,
+        "timing/weight_update_s": time.perf_counter() - started,
+    }

@@ -296,6 +296,34 @@ def test_training_page_plots_the_posted_metrics(browser: Any, world: World) -> N
     page.close()
 
 
+def test_a_run_with_several_policies_has_a_curve_per_policy(browser: Any, world: World) -> None:
+    """docs/policies.md: each policy's metrics are posted under policy/NAME/."""
+    for step in range(1, 4):
+        world.client.post_run_metrics(
+            "roles",
+            [
+                {
+                    "step": step,
+                    "metrics": {
+                        "training/reward": 0.1 * step,
+                        "policy/planner/training/reward": 0.2 * step,
+                        "policy/writer/training/reward": 0.3 * step,
+                        "policy/planner/actor/ppo_kl": 0.001,
+                        "policy/writer/actor/ppo_kl": 0.002,
+                    },
+                }
+            ],
+        )
+    page, console = open_dashboard(browser, world, hash_="#/training?runs=roles")
+    page.wait_for_selector("[data-chart='Reward'] svg path", timeout=WAIT_MS)
+    legend = page.inner_text("[data-chart='Reward'] .legend")
+    for key in ("training/reward", "policy/planner/training/reward", "policy/writer/training/reward"):
+        assert f"roles · {key}" in legend
+    assert page.locator("[data-chart='KL'] svg circle").count() == 2 * 3
+    assert console.errors == []
+    page.close()
+
+
 def test_a_key_link_logs_in_and_leaves_the_address_bar(browser: Any, world: World) -> None:
     page = browser.new_page()
     console = Console(page)

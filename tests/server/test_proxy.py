@@ -395,6 +395,32 @@ def test_sticky_endpoint_and_recorded_version(
         client.delete_models()
 
 
+def test_a_call_goes_to_the_policy_its_model_field_names(
+    gw: RunningGateway, client: GatewayClient, fake: FakeModelServer
+) -> None:
+    """Several policies in one run (docs/policies.md): a call naming a registered model goes to
+    it and records its version; any other name goes to the configured model, as in v1.0."""
+    with FakeModelServer() as planner:
+        client.register_models([Model(model="planner", endpoint=planner.base_url, version=3)])
+        rollout_id = new_rollout(client)
+        for name in ("planner", "policy", "gpt-4o", "planner"):
+            sdk(gw, rollout_id).chat.completions.create(model=name, messages=USER)
+        served = [(d["server"]["model"], d["server"]["version"]) for d in events(client, rollout_id)]
+        assert served == [("planner", 3), ("policy", 7), ("policy", 7), ("planner", 3)]
+        assert [r["body"]["model"] for r in planner.requests] == ["planner", "planner"]
+        assert [r["body"]["model"] for r in fake.requests] == ["policy", "policy"]
+        # The Anthropic Messages API names its model the same way.
+        r = httpx.post(
+            base_url(gw, rollout_id).removesuffix("/openai/v1") + "/anthropic/v1/messages",
+            json={"model": "planner", "max_tokens": 8, "messages": USER},
+            headers={"x-api-key": KEY},
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+        assert events(client, rollout_id)[-1]["server"]["model"] == "planner"
+        client.delete_models()
+
+
 async def test_the_pool_does_not_cap_concurrency(
     gw: RunningGateway, client: GatewayClient, fake: FakeModelServer
 ) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from agentlightning.schemas import Model
 from agentlightning.server.config import DefaultProxyConfig, ModeConfig
-from agentlightning.server.proxy.rewrite import pick_endpoint, rewrite, wants_usage_chunk
+from agentlightning.server.proxy.rewrite import pick_endpoint, rewrite, served_model, wants_usage_chunk
 
 CONFIG = DefaultProxyConfig(model_name="policy", train=ModeConfig(0.7), val=ModeConfig(0.0))
 
@@ -64,3 +64,12 @@ def test_sticky_pick_is_sha256_over_sorted_endpoints() -> None:
         assert pick_endpoint(endpoints, rollout_id) is endpoints[index]
     picks = {pick_endpoint(endpoints, f"r{i}").endpoint for i in range(200)}  # type: ignore[union-attr]
     assert len(picks) == 5, "rollouts spread over every server"
+
+
+def test_served_model_is_the_named_policy_when_registered() -> None:
+    registered = {"planner", "coder"}.__contains__
+    assert served_model({"model": "planner"}, CONFIG, registered) == "planner"
+    assert served_model({"model": "gpt-4o"}, CONFIG, registered) == "policy", "unknown names: as v1.0"
+    assert served_model({"model": 3}, CONFIG, registered) == "policy"
+    assert served_model({}, CONFIG, registered) == "policy"
+    assert rewrite({"model": "planner"}, "chat.completions", "val", CONFIG, "planner")["model"] == "planner"

@@ -27,3 +27,30 @@ class TwoCallAgent:
             headers={"Authorization": f"Bearer {os.environ['AGL_KEY']}"},
             timeout=30,
         ).raise_for_status()
+
+
+class TwoRoleAgent:
+    """Two policies (docs/policies.md): `planner` asks first, `coder` answers after it; each role
+    gets its own reward, varying with what its own policy wrote, and one shared reward."""
+
+    def run(self) -> None:
+        client = openai.OpenAI(
+            base_url=os.environ["AGL_OPENAI_BASE_URL"], api_key=os.environ["AGL_KEY"], max_retries=10
+        )
+        messages = [{"role": "user", "content": os.environ["QUESTION"]}]
+        first = client.chat.completions.create(model="planner", messages=messages, max_tokens=6)
+        plan = first.choices[0].message.content or ""
+        messages += [{"role": "assistant", "content": plan}, {"role": "user", "content": "now answer"}]
+        second = client.chat.completions.create(model="coder", messages=messages, max_tokens=6)
+        answer = second.choices[0].message.content or ""
+        for data in (
+            {"value": 0.5},
+            {"value": float(len(plan) % 2), "policy": "planner"},
+            {"value": float(len(answer) % 3 == 0), "policy": "coder"},
+        ):
+            httpx.post(
+                os.environ["AGL_EVENT_URL"],
+                json={"event_type": "reward", "data": data},
+                headers={"Authorization": f"Bearer {os.environ['AGL_KEY']}"},
+                timeout=30,
+            ).raise_for_status()

@@ -19,7 +19,7 @@ from agentlightning.server.proxy import anthropic_messages, openai_responses
 from agentlightning.server.proxy.capture import CallRecord
 from agentlightning.server.proxy.experts import pop_routed_experts
 from agentlightning.server.proxy.responses import Answer, StreamAnswer, error_answer, paused_answer
-from agentlightning.server.proxy.rewrite import Api, pick_endpoint, rewrite, wants_usage_chunk
+from agentlightning.server.proxy.rewrite import Api, pick_endpoint, rewrite, served_model, wants_usage_chunk
 from agentlightning.server.proxy.token_exact import chat_stream
 from agentlightning.server.proxy.translate import ApiInputError
 from agentlightning.server.state import GatewayState
@@ -118,22 +118,24 @@ async def _call(
     config = state.config.default_proxy
     stream = body.get("stream") is True
     translation = TRANSLATIONS.get(api)
+    # The policy the agent names (a run with several), else the configured model.
+    model_name = served_model(body, config, lambda name: bool(state.models.endpoints(name)))
     if translation is None:
         upstream_body = body
-        params = rewrite(body, api, mode, config)
+        params = rewrite(body, api, mode, config, model_name)
     else:
         # Served as a non-streamed chat call; the agent's stream is made from its answer.
         try:
             upstream_body = translation.to_chat(body)
         except ApiInputError as exc:
             return error_answer(400, str(exc), "invalid_request_error", api=api)
-        params = rewrite(upstream_body, "chat.completions", mode, config)
+        params = rewrite(upstream_body, "chat.completions", mode, config, model_name)
     record = CallRecord(rollout_id, attempt_id, timestamp, api, mode, body, params, stream)
     if translation is not None:
         record.data["chat_request"] = upstream_body
     exact = None
     if config.token_exact and api != "completions":
-        model = pick_endpoint(state.models.endpoints(config.model_name), rollout_id)
+        model = pick_endpoint(state.models.endpoints(model_name), rollout_id)
         if model is not None and runtime.tokens.serves(model.endpoint) is not False:
             exact = await runtime.tokens.call(model, upstream_body, params, rollout_id, attempt_id)
     if exact is not None:
@@ -142,7 +144,7 @@ async def _call(
         record.data["segment"] = exact.segment
     else:
         forwarded = await runtime.upstream.forward(
-            lambda: pick_endpoint(state.models.endpoints(config.model_name), rollout_id),
+            lambda: pick_endpoint(state.models.endpoints(model_name), rollout_id),
             UPSTREAM_PATHS[api],
             orjson.dumps({**upstream_body, **params}),
             stream and translation is None,
@@ -160,7 +162,7 @@ async def _call(
     status = forwarded.status
     if forwarded.error == "no_endpoint":
         message = (
-            f"no inference server is registered for model '{config.model_name}': "
+            f"no inference server is registered for model '{model_name}': "
             "register one with POST /api/models (the trainer does this when it starts)"
         )
         answer = error_answer(503, message, "no_endpoint", api=api)

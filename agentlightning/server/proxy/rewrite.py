@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any, Literal
 
 from agentlightning.schemas import Model
@@ -11,15 +12,27 @@ from agentlightning.server.config import DefaultProxyConfig
 Api = Literal["chat.completions", "completions", "responses", "anthropic.messages"]
 
 
-def rewrite(body: dict[str, Any], api: Api, mode: str, config: DefaultProxyConfig) -> dict[str, Any]:
+def served_model(body: dict[str, Any], config: DefaultProxyConfig, registered: Callable[[str], bool]) -> str:
+    """The model (policy) a call goes to: the one the agent names in `model` when the trainer
+    registered endpoints under that name (a run with several policies, docs/policies.md), else
+    the configured `model_name` (v1.0: every call goes to it, whatever the agent names)."""
+    asked = body.get("model")
+    if isinstance(asked, str) and asked != config.model_name and registered(asked):
+        return asked
+    return config.model_name
+
+
+def rewrite(
+    body: dict[str, Any], api: Api, mode: str, config: DefaultProxyConfig, model_name: str | None = None
+) -> dict[str, Any]:
     """The parameters the proxy sets on the request; the agent's body is not modified.
 
-    `model` is the configured model name, `temperature` the train or val one, token ids are
+    `model` is `model_name` (`served_model`; default the configured one), `temperature` the train or val one, token ids are
     always asked for, and log-probs in train mode when `include_log_probs` is set. A streamed
     call also asks for usage in the stream, so that the recorded answer has it.
     """
     params: dict[str, Any] = {
-        "model": config.model_name,
+        "model": model_name or config.model_name,
         "temperature": (config.train if mode == "train" else config.val).temperature,
         "return_token_ids": True,
     }

@@ -334,13 +334,16 @@ async function rolloutPage(id) {
 
 // --- training -----------------------------------------------------------------------------
 
+// A run with several policies (docs/policies.md) logs each policy's metrics under policy/NAME/:
+// one curve per policy in the same chart.
+const PER_POLICY = "(?:policy\\/[^/]+\\/)?";
 const CHARTS = [
-  { title: "Reward", keys: ["training/reward"] },
-  { title: "Validation reward", keys: ["val/reward"] },
-  { title: "Staleness (policy versions)", keys: ["training/staleness/mean", "training/staleness/max"] },
-  { title: "KL", match: /^actor\/.*kl/ },
-  { title: "Entropy", match: /^actor\/.*entropy/ },
-  { title: "Clip fraction", match: /^actor\/.*clipfrac/ },
+  { title: "Reward", match: new RegExp(`^${PER_POLICY}training\\/reward$`) },
+  { title: "Validation reward", match: new RegExp(`^${PER_POLICY}val\\/reward$`) },
+  { title: "Staleness (policy versions)", match: new RegExp(`^${PER_POLICY}training\\/staleness\\/(mean|max)$`) },
+  { title: "KL", match: new RegExp(`^${PER_POLICY}actor\\/.*kl`) },
+  { title: "Entropy", match: new RegExp(`^${PER_POLICY}actor\\/.*entropy`) },
+  { title: "Clip fraction", match: new RegExp(`^${PER_POLICY}actor\\/.*clipfrac`) },
   { title: "Step time (s)", keys: ["timing/step_s"] },
 ];
 
