@@ -10,8 +10,9 @@ from typing import Any
 
 import httpx
 
+from agentlightning.launch import Service
 from agentlightning.procs import ManagedProcess, free_port
-from tests.controller.helpers import REPO
+from tests.controller.helpers import REPO, start_controller
 
 TOKEN = "fake-cluster-token"
 
@@ -155,3 +156,21 @@ current-context: fake
 """
     )
     return FakeKubernetes(url, kubeconfig, process)
+
+
+def start_k8s_controller(
+    cluster: FakeKubernetes, gateway_url: str, key: str, log_dir: Path, agent_url: str, *overrides: str
+) -> Service:
+    """A real Controller with the Kubernetes runner on the double, in namespace `agents`; the
+    agents reach the Gateway at `agent_url` (what the cluster's pods would see)."""
+    return start_controller(
+        gateway_url,
+        key,
+        log_dir,
+        "runner_type=k8s",
+        f"k8s_runner.kubeconfig={cluster.kubeconfig}",
+        "k8s_runner.namespace=agents",
+        "k8s_runner.poll_interval=0.5",
+        f"agl_server.agent_url={agent_url}",
+        *overrides,
+    )

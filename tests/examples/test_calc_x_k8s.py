@@ -14,8 +14,8 @@ import pytest
 from agentlightning.client import GatewayClient
 from agentlightning.testing.example_stack import EXAMPLES
 from tests.conftest import RunningGateway, start_gateway
-from tests.controller.helpers import start_controller, wait_until
-from tests.controller.k8s_helpers import FakeKubernetes, start_fake_kubernetes
+from tests.controller.helpers import wait_until
+from tests.controller.k8s_helpers import FakeKubernetes, start_fake_kubernetes, start_k8s_controller
 
 TEMPLATE = (EXAMPLES / "calc_x" / "job-template.yaml").read_text()
 SAMPLE = [
@@ -34,15 +34,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeKubern
     tmp = tmp_path_factory.mktemp("calc_x_k8s")
     cluster = start_fake_kubernetes(tmp)
     gateway = start_gateway(tmp, KEY)
-    controller = start_controller(
+    controller = start_k8s_controller(
+        cluster,
         gateway.url,
         KEY,
         tmp / "logs",
-        "runner_type=k8s",
-        f"k8s_runner.kubeconfig={cluster.kubeconfig}",
-        "k8s_runner.namespace=agents",
-        "k8s_runner.poll_interval=0.5",
-        "agl_server.agent_url=http://host.minikube.internal:8181",
+        "http://host.minikube.internal:8181",
     )
     try:
         yield cluster, gateway

@@ -30,8 +30,8 @@ from agentlightning.schemas import Model
 from agentlightning.testing.example_stack import EXAMPLES, EXAMPLES_PYTHON
 from agentlightning.testing.scripted_model import ScriptedChatModel, tool_call_text
 from tests.conftest import start_gateway
-from tests.controller.helpers import start_controller, wait_until
-from tests.controller.k8s_helpers import FakeKubernetes, start_fake_kubernetes
+from tests.controller.helpers import wait_until
+from tests.controller.k8s_helpers import FakeKubernetes, start_fake_kubernetes, start_k8s_controller
 from tests.examples.k8s_example import check_dockerfile, check_egress_only_to_gateway_and_dns
 from tests.examples.test_llm_in_sandbox import HERE, _code_for, _load, convert_public_rows
 
@@ -136,15 +136,12 @@ def ran(tmp_path_factory: pytest.TempPathFactory, examples_python: str) -> Itera
     try:
         with ScriptedChatModel(policy) as model, GatewayClient(gateway.url, KEY) as client:
             client.register_models([Model(model="policy", endpoint=model.base_url)])
-            controller = start_controller(
+            controller = start_k8s_controller(
+                cluster,
                 gateway.url,
                 KEY,
                 tmp / "logs",
-                "runner_type=k8s",
-                f"k8s_runner.kubeconfig={cluster.kubeconfig}",
-                "k8s_runner.namespace=agents",
-                "k8s_runner.poll_interval=0.5",
-                f"agl_server.agent_url={gateway.url}",
+                gateway.url,
             )
             try:
                 rollouts = client.create_rollouts(
