@@ -10,23 +10,30 @@ import httpx
 import openai
 
 
+def _client() -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=os.environ["AGL_OPENAI_BASE_URL"], api_key=os.environ["AGL_KEY"], max_retries=10
+    )
+
+
+def _reward(data: dict[str, object]) -> None:
+    httpx.post(
+        os.environ["AGL_EVENT_URL"],
+        json={"event_type": "reward", "data": data},
+        headers={"Authorization": f"Bearer {os.environ['AGL_KEY']}"},
+        timeout=30,
+    ).raise_for_status()
+
+
 class TwoCallAgent:
     def run(self) -> None:
-        client = openai.OpenAI(
-            base_url=os.environ["AGL_OPENAI_BASE_URL"], api_key=os.environ["AGL_KEY"], max_retries=10
-        )
+        client = _client()
         messages = [{"role": "user", "content": os.environ["QUESTION"]}]
         first = client.chat.completions.create(model="policy", messages=messages, max_tokens=6)
         content = first.choices[0].message.content or ""
         messages += [{"role": "assistant", "content": content}, {"role": "user", "content": "result: 4"}]
         client.chat.completions.create(model="policy", messages=messages, max_tokens=6)
-        reward = float(len(content) % 2)
-        httpx.post(
-            os.environ["AGL_EVENT_URL"],
-            json={"event_type": "reward", "data": {"value": reward}},
-            headers={"Authorization": f"Bearer {os.environ['AGL_KEY']}"},
-            timeout=30,
-        ).raise_for_status()
+        _reward({"value": float(len(content) % 2)})
 
 
 class TwoRoleAgent:
@@ -34,23 +41,13 @@ class TwoRoleAgent:
     gets its own reward, varying with what its own policy wrote, and one shared reward."""
 
     def run(self) -> None:
-        client = openai.OpenAI(
-            base_url=os.environ["AGL_OPENAI_BASE_URL"], api_key=os.environ["AGL_KEY"], max_retries=10
-        )
+        client = _client()
         messages = [{"role": "user", "content": os.environ["QUESTION"]}]
         first = client.chat.completions.create(model="planner", messages=messages, max_tokens=6)
         plan = first.choices[0].message.content or ""
         messages += [{"role": "assistant", "content": plan}, {"role": "user", "content": "now answer"}]
         second = client.chat.completions.create(model="coder", messages=messages, max_tokens=6)
         answer = second.choices[0].message.content or ""
-        for data in (
-            {"value": 0.5},
-            {"value": float(len(plan) % 2), "policy": "planner"},
-            {"value": float(len(answer) % 3 == 0), "policy": "coder"},
-        ):
-            httpx.post(
-                os.environ["AGL_EVENT_URL"],
-                json={"event_type": "reward", "data": data},
-                headers={"Authorization": f"Bearer {os.environ['AGL_KEY']}"},
-                timeout=30,
-            ).raise_for_status()
+        _reward({"value": 0.5})
+        _reward({"value": float(len(plan) % 2), "policy": "planner"})
+        _reward({"value": float(len(answer) % 3 == 0), "policy": "coder"})
