@@ -115,7 +115,7 @@ class SequenceResult:
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
-_MAX_REPEATS = 1 << 20  # distinct unseeded requests remembered per version (~100 MB at most)
+_MAX_REPEATS = 1 << 20  # distinct unseeded requests remembered per version (~150 MB at most)
 
 
 def _mix64(value: int) -> int:
