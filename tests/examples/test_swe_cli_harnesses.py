@@ -18,12 +18,10 @@ from agentlightning.sandbox import available
 from agentlightning.testing.example_stack import REPO, example_stack
 from agentlightning.testing.scripted_model import tool_call_text
 from examples.swe import codex_agent, opencode_agent
-from examples.swe.bank import make_task
+from tests.examples.swe_engineer import SOLVED, SWE_PYTHON, WRONG, command, message_text, preface, task_of
 from tests.heavy import require
 
 pytestmark = pytest.mark.timeout(1200)  # two harness runs, seconds of work each, minutes on a loaded machine
-SWE_PYTHON = REPO / ".venv-swe" / "bin" / "python"
-SOLVED, WRONG = make_task(3, 0), make_task(4, 0)
 RUNNING = re.compile(r"Process running with session ID (\d+)")  # Codex: a command outlasted its wait
 
 
@@ -79,12 +77,6 @@ def harness(request: pytest.FixtureRequest) -> Harness:
     return h
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return content or ""
-
-
 def engineer(harness: Harness) -> Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]:
     """A deterministic 'engineer' on the CLI's shell tool: read the issue, apply a fix (the reference
     one, or a wrong edit for the WRONG task), run the visible tests, then answer in text, which ends
@@ -95,31 +87,32 @@ def engineer(harness: Harness) -> Callable[[list[dict[str, Any]], list[dict[str,
         tool, _ = harness.shell("")
         names = [t["function"]["name"] for t in tools or []]
         assert tool in names, names
-        users = "\n".join(_text(m["content"]) for m in messages if m["role"] == "user")
-        task = SOLVED if SOLVED.problem_statement.splitlines()[0] in users else WRONG
-        module = task.patch.splitlines()[0].split("a/", 1)[1]
-        results = [_text(m["content"]) for m in messages if m["role"] == "tool"]
+        task = task_of(messages)
+        results = [message_text(m["content"]) for m in messages if m["role"] == "tool"]
         running = RUNNING.search(results[-1]) if results else None
         if running:
             return tool_call_text("write_stdin", {"session_id": int(running.group(1)), "chars": ""})
         turn = sum(not RUNNING.search(r) for r in results)
-        if turn == 0:
-            command = f"cat ISSUE.md && grep -n 'def ' {module}"
-            if task is WRONG:  # the sandbox: the repository (and the task generator) is not there
-                command += f"; ls {REPO / 'examples' / 'swe'} 2>&1 | tail -1"
-        elif turn == 1 and task is SOLVED:
-            command = f"patch -p1 <<'EOF'\n{task.patch}EOF"
-        elif turn == 1:
-            command = f"sed -i 's/return /return None or /' {module}"  # looks busy, fixes nothing
-        elif turn == 2:
-            command = "python -m pytest -q tests 2>&1 | tail -3"
-        else:
+        shell = command(task, turn)
+        if shell is None:
             return "The fix is in and the visible tests pass."
-        # The WRONG task's turns start with a sentence before the call; the SOLVED task's do not.
-        preface = f"Step {turn + 1}.\n" if task is WRONG else ""
-        return preface + tool_call_text(*harness.shell(command))
+        if turn == 0 and task is WRONG:  # the sandbox: the repository (and the task generator) is not there
+            shell += f"; ls {REPO / 'examples' / 'swe'} 2>&1 | tail -1"
+        return preface(task, turn) + tool_call_text(*harness.shell(shell))
 
     return policy
+
+
+def _stack(harness: Harness, tmp_path: Path, scale_out: bool = False) -> Any:
+    """Gateway + Controller running the CLI's agent from .venv-swe, the engineer as the model."""
+    return example_stack(
+        engineer(harness),
+        "swe",
+        tmp_path,
+        f"local_runner.python={SWE_PYTHON}",
+        agent_env={"PYTHONPATH": str(REPO)},
+        scale_out=scale_out,
+    )
 
 
 def _polls(calls: list[dict[str, Any]]) -> int:
@@ -128,13 +121,7 @@ def _polls(calls: list[dict[str, Any]]) -> int:
 
 
 def test_the_cli_solves_and_fails_through_gateway_and_controller(tmp_path: Path, harness: Harness) -> None:
-    with example_stack(
-        engineer(harness),
-        "swe",
-        tmp_path,
-        f"local_runner.python={SWE_PYTHON}",
-        agent_env={"PYTHONPATH": str(REPO)},
-    ) as stack:
+    with _stack(harness, tmp_path) as stack:
         solved, wrong = stack.run(
             harness.agent,
             {"TASK_ID": "input.task_id"},
@@ -170,14 +157,7 @@ def test_the_cli_solves_and_fails_through_gateway_and_controller(tmp_path: Path,
 def test_the_cli_makes_one_row_through_the_token_exact_gateway(tmp_path: Path, harness: Harness) -> None:
     """The same wrong-fix rollout, served on token ids (vLLM's scale-out endpoints): the Gateway puts
     back the tokens the model wrote, so the CLI's re-sent history extends the row: one row."""
-    with example_stack(
-        engineer(harness),
-        "swe",
-        tmp_path,
-        f"local_runner.python={SWE_PYTHON}",
-        agent_env={"PYTHONPATH": str(REPO)},
-        scale_out=True,
-    ) as stack:
+    with _stack(harness, tmp_path, scale_out=True) as stack:
         (wrong,) = stack.run(
             harness.agent, {"TASK_ID": "input.task_id"}, [{"task_id": WRONG.instance_id}], timeout=600
         )

@@ -4,7 +4,6 @@ tests decide the reward. Task solved -> 1, wrong fix -> 0; calls captured with t
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -13,56 +12,29 @@ import pytest
 from agentlightning.sandbox import available
 from agentlightning.testing.example_stack import REPO, example_stack
 from agentlightning.testing.scripted_model import tool_call_text
-from examples.swe.bank import make_task
+from tests.examples.swe_engineer import SOLVED, SWE_PYTHON, WRONG, command, preface, task_of
+from tests.heavy import require
 
 pytestmark = pytest.mark.timeout(1200)  # two harness runs, each ~10 s of work, minutes on a loaded machine
-SWE_PYTHON = REPO / ".venv-swe" / "bin" / "python"
-SOLVED, WRONG = make_task(3, 0), make_task(4, 0)
-
-
-def _need() -> None:
-    missing = [
-        m
-        for m, ok in (("bubblewrap", available()), (".venv-swe (make swe-venv)", SWE_PYTHON.exists()))
-        if not ok
-    ]
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail(f"required on CI: {missing}")
-        pytest.skip(f"missing: {missing}")
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, list):
-        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return content or ""
 
 
 def swe_policy(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-    """A deterministic 'engineer': read the issue, apply a fix (the reference one, or a wrong edit for
-    the WRONG task), run the visible tests, submit: one bash tool call per turn, as mini asks."""
+    """The engineer (swe_engineer.py) through mini's bash tool; it submits after the tests."""
     assert tools and tools[0]["function"]["name"] == "bash", tools
-    task_text = _text(next(m["content"] for m in messages if m["role"] == "user"))
-    task = SOLVED if SOLVED.problem_statement.splitlines()[0] in task_text else WRONG
-    module = task.patch.splitlines()[0].split("a/", 1)[1]
+    task = task_of(messages)
     turn = sum(m["role"] == "tool" for m in messages)
-    if turn == 0:
-        command = f"cat ISSUE.md && grep -n 'def ' {module}"
-    elif turn == 1 and task is SOLVED:
-        command = f"patch -p1 <<'EOF'\n{task.patch}EOF"
-    elif turn == 1:
-        command = f"sed -i 's/return /return None or /' {module}"  # looks busy, fixes nothing
-    elif turn == 2:
-        command = "python -m pytest -q tests 2>&1 | tail -3"
-    else:
-        command = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-    # The WRONG task's turns start with reasoning text, as mini's prompt asks; the SOLVED task's do not.
-    preface = f"Step {turn + 1}.\n" if task is WRONG else ""
-    return preface + tool_call_text("bash", {"command": command})
+    shell = command(task, turn) or "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+    return preface(task, turn) + tool_call_text("bash", {"command": shell})
 
 
 def test_mini_swe_agent_solves_and_fails_through_gateway_and_controller(tmp_path: Path) -> None:
-    _need()
+    require(
+        [
+            m
+            for m, ok in (("bubblewrap", available()), (".venv-swe (make swe-venv)", SWE_PYTHON.exists()))
+            if not ok
+        ]
+    )
     with example_stack(
         swe_policy,
         "swe",
