@@ -110,7 +110,8 @@ class Sandbox:
         # bwrap starts with an empty environment (`env -i`): inside the PID namespace its own
         # process is PID 1, and `/proc/1/environ` would show a command whatever the caller holds
         # (the attempt's key, a reference answer); `--clearenv` cleans only the command's.
-        args = ["/usr/bin/env", "-i", bwrap, "--ro-bind", "/usr", "/usr"]
+        # The private /tmp first: binds that come after it (a venv under /tmp) mount inside it.
+        args = ["/usr/bin/env", "-i", bwrap, "--ro-bind", "/usr", "/usr", "--tmpfs", "/tmp"]
         for name in _TOP_LEVEL:
             top = Path("/", name)
             if top.is_symlink():
@@ -128,7 +129,6 @@ class Sandbox:
         args += [
             "--dev", "/dev",
             "--proc", "/proc",
-            "--tmpfs", "/tmp",
             "--bind", str(workspace), self.mount_at,
             "--chdir", self.mount_at,
             "--unshare-all",

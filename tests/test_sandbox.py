@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -76,6 +77,22 @@ def test_host_files_outside_are_invisible_or_read_only(box: Sandbox, tmp_path: P
     prefix = python_paths(sys.executable)[-1]
     r = box.run(["sh", "-c", f"touch {prefix}/agl_probe"], timeout=30)
     assert r.returncode != 0 and not (prefix / "agl_probe").exists()
+
+
+def test_an_interpreter_under_tmp_runs_and_stays_read_only(tmp_path: Path) -> None:
+    """A checkout under /tmp (a CI clone, pytest's tmp_path): the private /tmp must not hide it."""
+    _need_bwrap()
+    venv = tmp_path / "venv"  # under /tmp: pytest's base temp folder
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    box = Sandbox(workspace=ws, read_only=python_paths(python))
+    r = box.run([python, "-c", "import sys; print(sys.prefix)"], timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(venv)
+    r = box.run(["sh", "-c", f"touch {venv}/agl_probe"], timeout=30)
+    assert r.returncode != 0 and not (venv / "agl_probe").exists()
 
 
 def test_no_network_not_even_the_hosts_loopback(box: Sandbox) -> None:
