@@ -7,7 +7,7 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 LINT_DIRS := $(wildcard agentlightning tests bench examples docs)
 
-.PHONY: venv vllm test test-core test-postgres test-fast test-verl lint typecheck demo clean examples-venv swe-venv codex opencode
+.PHONY: venv vllm test test-core test-heavy test-postgres test-fast test-verl lint typecheck demo clean examples-venv swe-venv codex opencode
 
 venv: $(STAMP)
 vllm: $(VLLM_STAMP)
@@ -98,15 +98,20 @@ TEST_ENVS := $(STAMP) $(V1)/.installed .venv-examples/.installed $(VERL_VENV)/.i
 HEAVY_TESTS := tests/vllm tests/examples tests/compat tests/bench
 
 # The core suite runs while the other environments are still being built (most of their time is
-# downloading and unpacking); then the heavy tests; then the Postgres pass beside verl's tests
-# (in verl's venv; tests/verl is skipped by the others).
+# downloading and unpacking); then the heavy tests beside the Postgres pass and verl's tests (in
+# verl's venv; tests/verl is skipped by the others): much of a heavy test is waiting on the
+# servers, agents and trainers it starts, so these three fill each other's waits.
 test:
 	$(MAKE) --no-print-directory -j5 $(STAMP) test-core lint typecheck $(TEST_ENVS)
-	$(PYTEST) $(HEAVY_TESTS)
-	$(MAKE) --no-print-directory -j2 test-postgres test-verl
+	$(MAKE) --no-print-directory -j3 test-heavy test-postgres test-verl
 
 test-core: $(STAMP)
 	$(PYTEST) $(addprefix --ignore=,$(HEAVY_TESTS))
+
+# Three workers: the tests on the session's vLLM server are one group (tests/conftest.py), the
+# vLLM tests that start their own servers and the examples' files spread over the other two.
+test-heavy: $(TEST_ENVS)
+	$(BIN)/pytest -q -n $(or $(TEST_WORKERS),3) --dist loadgroup $(HEAVY_TESTS)
 
 test-postgres: $(STAMP)
 	AGL_TEST_STORE=postgres $(PYTEST) $(POSTGRES_PASS)

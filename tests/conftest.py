@@ -18,11 +18,13 @@ from tests.postgres import store_is_postgres
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under `pytest -n N --dist loadgroup`: a file's tests stay on one worker (its module
-    fixtures start once), and so do all of tests/vllm (one real vLLM server for the session)."""
+    fixtures start once), and so do all the tests on the session's real vLLM server (`vllm_server`:
+    started once); the vLLM tests that start servers of their own run beside them."""
     root = Path(__file__).parent
     for item in items:
         parts = item.path.relative_to(root).parts
-        group = "vllm" if parts[0] == "vllm" else "/".join(parts)
+        shared_vllm = "vllm_server" in getattr(item, "fixturenames", ())
+        group = "vllm" if shared_vllm else "/".join(parts)
         item.add_marker(pytest.mark.xdist_group(group))
 
 
