@@ -1,8 +1,8 @@
 """Model calls stored as deltas: every read returns exactly what plain (whole) storage returned.
 
 Random multi-turn histories — interleaved conversations, edits of earlier context, tool outputs,
-retries, calls that extend nothing, failed calls in between, completions calls, several
-attempts, deletes and re-creations — are appended to both stores with delta storage and to a
+retries, calls that extend nothing, failed calls in between, completions calls, the shapes of the
+chat, Responses and Anthropic routes' events, several attempts, deletes and re-creations — are appended to both stores with delta storage and to a
 reference store given the same events whole; every view of every attempt must be
 byte-for-byte the reference's, and the collection format must expand to the triplet view.
 """
@@ -10,8 +10,10 @@ byte-for-byte the reference's, and the collection format must expand to the trip
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import sqlite3
+import struct
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -27,11 +29,14 @@ from agentlightning.schemas import Rollout
 from agentlightning.server.events import appended_event, make_record, render_events
 from agentlightning.server.store import MemoryStore, SqliteStore, Store
 from agentlightning.server.store import delta as delta_mod
+from agentlightning.server.store.base import StoredEvent
 from agentlightning.server.store.delta import PH_MESSAGES, CallIndex
 
 ATTEMPTS = ("a1", "a2", "a3")
 TOKEN = st.integers(0, 40)  # a small vocabulary: accidental shared prefixes happen
-TEXT = st.text(alphabet='ab\n"\\é\x00', max_size=6) | st.sampled_from([PH_MESSAGES, "\x00agl:token_ids"])
+PLACEHOLDERS = [PH_MESSAGES, "\x00agl:token_ids", "\x00agl:input", "\x00agl:chat_messages"]
+TEXT = st.text(alphabet='ab\n"\\é\x00', max_size=6) | st.sampled_from(PLACEHOLDERS)
+SHAPES = ("chat.completions", "responses", "anthropic.messages")
 
 
 class Conversation:
@@ -40,11 +45,28 @@ class Conversation:
         self.messages: list[dict[str, Any]] = [{"role": "user", "content": "start"}]
 
 
-def chat_call(prompt: list[int], messages: list[Any], response: list[int], log_probs: list[Any]) -> dict:
+def chat_call(
+    prompt: list[int],
+    messages: list[Any],
+    response: list[int],
+    log_probs: list[Any],
+    api: str = "chat.completions",
+) -> dict:
+    """A recorded call of the route `api`: a Responses call records its `input` items and the chat
+    form of them, an Anthropic call its messages and their chat form (both re-sent whole)."""
+    chat_request = {"model": "m", "messages": messages, "tools": []}
+    recorded: dict[str, Any] = {"request": chat_request}
+    if api == "responses":
+        recorded = {
+            "request": {"model": "m", "input": [*messages, {"type": "x"}]},
+            "chat_request": chat_request,
+        }
+    elif api == "anthropic.messages":
+        recorded = {"request": {"model": "m", "messages": messages[1:]}, "chat_request": chat_request}
     return {
-        "api": "chat.completions",
+        "api": api,
         "mode": "train",
-        "request": {"model": "m", "messages": messages, "tools": []},
+        **recorded,
         "params": {"model": "policy", "temperature": 1.0},
         "response": {
             "id": "x",
@@ -155,7 +177,9 @@ def histories(draw: st.DrawFn) -> list[tuple[Any, ...]]:
             data = chat_call([*c.prompt, draw(st.sampled_from([-1, 2**32, 2**40]))], [], response, log_probs)
             del data["request"]["messages"]
         else:
-            data = chat_call(list(c.prompt), list(c.messages), response, log_probs)
+            data = chat_call(
+                list(c.prompt), list(c.messages), response, log_probs, draw(st.sampled_from(SHAPES))
+            )
         steps.append(("event", rollout, attempt, "model_request", data))
         if op in ("extend", "edit", "fresh", "completions"):  # the next call carries this one's turn
             c.prompt = c.prompt + response + draw(st.lists(TOKEN, max_size=8))
@@ -369,3 +393,80 @@ async def test_a_version_1_database_is_upgraded_and_reads_as_before(
     assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
     assert conn.execute("SELECT count(call) FROM events").fetchone()[0] == 2
     conn.close()
+
+
+def format_1_blob(
+    flags: int,
+    tok: tuple[int, int],
+    msg: tuple[int, int],
+    suffix: list[int],
+    response: list[int],
+    messages: list[bytes],
+) -> bytes:
+    """A call as the Gateway stored it before format 2 (one list: `request.messages`, in the header)."""
+    head = delta_mod._HEADER.pack(1, flags, *tok, *msg, 4 * len(suffix), 4 * len(response), 0)
+    return b"".join((head, *(struct.pack("<I", i) for i in suffix + response), b"\n".join(messages)))
+
+
+def test_calls_stored_in_format_1_read_as_before() -> None:
+    first, second = long_conversation(2, first=6, turn=2)
+    stored = []
+    for seq, data, tok, msg, suffix, new in (
+        (1, first, (0, 0), (0, 0), first["response"]["prompt_token_ids"], first["request"]["messages"]),
+        (
+            2,
+            second,
+            (1, 6),
+            (1, 1),
+            second["response"]["prompt_token_ids"][6:],
+            second["request"]["messages"][1:],
+        ),
+    ):
+        residual = orjson.loads(orjson.dumps(data))
+        residual["request"]["messages"] = PH_MESSAGES
+        residual["response"]["prompt_token_ids"] = "\x00agl:prompt_token_ids"
+        residual["response"]["choices"][0]["token_ids"] = "\x00agl:token_ids"
+        flags = delta_mod.F_PROMPT | delta_mod.F_MESSAGES | delta_mod.F_RESPONSE
+        blob = format_1_blob(
+            flags,
+            tok,
+            msg,
+            suffix,
+            data["response"]["choices"][0]["token_ids"],
+            [orjson.dumps(m) for m in new],
+        )
+        record = make_record("r", "a", "model_request", data, float(seq), delta=False)
+        stored.append(StoredEvent(seq, dataclasses.replace(record, data=orjson.dumps(residual), call=blob)))
+    whole = delta_mod.materialize(stored, "data")
+    assert [orjson.loads(e.record.data) for e in whole] == [first, second]
+
+
+async def test_a_long_responses_or_anthropic_rollout_is_stored_as_compactly_as_chat() -> None:
+    """A Responses-API agent (Codex CLI) re-sends its whole history as `input` items, an Anthropic
+    one as messages, and the proxy records their chat form too: every such list is a delta, so
+    30 calls cost about what the chat route's calls cost, not the O(T²) of re-sent histories."""
+    store = MemoryStore()
+    await store.open()
+    chat = long_conversation(30, first=1000)
+    kept = {}
+    for api in SHAPES:
+        await store.create_rollouts([Rollout(rollout_id=api, input={})])
+        calls = [
+            chat_call(
+                c["response"]["prompt_token_ids"],
+                c["request"]["messages"],
+                c["response"]["choices"][0]["token_ids"],
+                [-0.5] * 60,
+                api,
+            )
+            for c in chat
+        ]
+        for t, data in enumerate(calls):
+            await store.append_event(make_record(api, "a", "model_request", data, float(t)))
+        kept[api] = sum(len(e.record.data) + len(e.record.call or b"") for e in store._events[api])
+        events = orjson.loads(render_events(await store.list_events(api, "a")))
+        assert [e["data"] for e in events] == calls
+    whole = sum(len(orjson.dumps(c)) for c in chat)
+    assert kept["chat.completions"] < whole / 3, (kept, whole)
+    assert kept["responses"] < 1.3 * kept["chat.completions"], kept
+    assert kept["anthropic.messages"] < 1.3 * kept["chat.completions"], kept

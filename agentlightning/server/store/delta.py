@@ -7,8 +7,11 @@ reference to an earlier call plus what is new:
 * prompt token ids: `(tok_base, tok_shared, suffix)` — the first `tok_shared` ids of call
   `tok_base`'s prompt, then `suffix` (uint32 little-endian, 4 bytes an id instead of ~7 as
   JSON text);
-* request messages: `(msg_base, msg_shared, new messages)` — the first `msg_shared` messages of
-  call `msg_base`, then the new ones (each its own JSON text);
+* the request's lists of messages: `(msg_base, msg_shared, new messages)` — the first
+  `msg_shared` messages of call `msg_base`, then the new ones (each its own JSON text). Each
+  list a call re-sends is its own delta: `request.messages` (chat, Anthropic), `request.input`
+  (Responses: Codex CLI re-sends its whole history as items) and `chat_request.messages` (the
+  chat form the proxy recorded for a Responses or Anthropic call);
 * response token ids (uint32) and the triplet's log-probs (float64: exact, 8 bytes instead of
   ~20 as JSON text) once, in binary, instead of in both the raw payload and the triplet view.
 
@@ -55,16 +58,39 @@ PH_RESPONSE = "\x00agl:token_ids"
 PH_MESSAGES = "\x00agl:messages"
 J_PROMPT = orjson.dumps(PH_PROMPT)
 J_RESPONSE = orjson.dumps(PH_RESPONSE)
-J_MESSAGES = orjson.dumps(PH_MESSAGES)
 PH_MARK = b'"\\u0000agl:'  # how every placeholder's JSON begins
 
-FORMAT = 1
+# Format 1 stored one list (`request.messages`) in the header's msg_base/msg_shared; format 2
+# stores every list after the header (format 1 rows are still read).
+FORMAT = 2
+READS = (1, 2)
 F_PROMPT = 1  # the raw payload's prompt ids were taken out
 F_MESSAGES = 2  # the raw payload's request messages were taken out
 F_RESPONSE = 4  # the raw payload's first choice token ids were taken out
 F_LOGPROBS = 8  # the triplet has log-probs (float64)
-# format, flags, tok_base, tok_shared, msg_base, msg_shared, suffix ids, response ids, log-probs
+F_INPUT = 16  # the raw payload's Responses `request.input` items were taken out
+F_CHAT_MESSAGES = 32  # the raw payload's `chat_request.messages` were taken out
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """A list a call re-sends whole each time, taken out of the payload and stored as a delta."""
+
+    key: str  # the payload's object holding the list
+    field: str
+    flag: int
+    placeholder: bytes  # the placeholder's JSON
+
+
+SLOTS = (
+    _Slot("request", "messages", F_MESSAGES, orjson.dumps(PH_MESSAGES)),
+    _Slot("request", "input", F_INPUT, orjson.dumps("\x00agl:input")),
+    _Slot("chat_request", "messages", F_CHAT_MESSAGES, orjson.dumps("\x00agl:chat_messages")),
+)
+# format, flags, tok_base, tok_shared, msg_base, msg_shared (format 1 only), suffix ids, response
+# ids, log-probs; format 2: then per slot taken out, in SLOTS order, its base, shared, new bytes
 _HEADER = struct.Struct("<BBqIqIIII")
+_SLOT_HEADER = struct.Struct("<qII")
 _TRIPLET_KEYS = ("prompt_token_ids", "response_token_ids", "response_log_probs")
 
 
@@ -117,8 +143,8 @@ class CallDraft:
     flags: int
     prompt: bytes  # uint32 ids of the triplet's prompt (empty: none)
     digests: PromptDigests | None
-    messages: list[bytes] | None  # JSON of each request message (None: not taken out)
-    message_hashes: tuple[int, ...]
+    lists: tuple[list[bytes] | None, ...]  # per slot: JSON of each item (None: not taken out)
+    list_hashes: tuple[tuple[int, ...] | None, ...]
     response: bytes  # uint32 ids of the first choice
     log_probs: bytes  # float64, when F_LOGPROBS
     # the originals, for rendering the event whole right after it was appended
@@ -126,26 +152,32 @@ class CallDraft:
     response_ids: list[int]
 
     def full_data(self, residual: bytes) -> bytes:
-        return _splice(
-            residual,
-            self.flags,
-            self.prompt_ids,
-            self.messages or [],
-            self.response_ids,
-        )
+        return _splice(residual, self.flags, self.prompt_ids, self.response_ids, list(self.lists))
 
 
 def _splice(
-    residual: bytes, flags: int, prompt: list[int], messages: list[bytes], response: list[int]
+    residual: bytes,
+    flags: int,
+    prompt: list[int],
+    response: list[int],
+    lists: list[list[bytes] | None],
 ) -> bytes:
-    out = residual
+    """The payload whole: each placeholder (once in `residual`) replaced by its value. By
+    position, so that what a value's own text holds (a placeholder's text, say) never matters."""
+    parts = []
     if flags & F_PROMPT:
-        out = out.replace(J_PROMPT, orjson.dumps(prompt), 1)
+        parts.append((J_PROMPT, orjson.dumps(prompt)))
     if flags & F_RESPONSE:
-        out = out.replace(J_RESPONSE, orjson.dumps(response), 1)
-    if flags & F_MESSAGES:  # last: the messages' text may hold a placeholder's text
-        out = out.replace(J_MESSAGES, b"[" + b",".join(messages) + b"]", 1)
-    return out
+        parts.append((J_RESPONSE, orjson.dumps(response)))
+    for slot, items in zip(SLOTS, lists, strict=True):
+        if flags & slot.flag:
+            parts.append((slot.placeholder, b"[" + b",".join(items or ()) + b"]"))
+    out, at = [], 0
+    for start, placeholder, value in sorted((residual.index(ph), ph, v) for ph, v in parts):
+        out += [residual[at:start], value]
+        at = start + len(placeholder)
+    out.append(residual[at:])
+    return b"".join(out)
 
 
 def _render_triplet(prompt_part: bytes, response: bytes, log_probs: bytes | None, tail: bytes) -> bytes:
@@ -202,12 +234,17 @@ def split_call(data: dict[str, Any], triplet: dict[str, Any]) -> tuple[bytes, by
         if choice0 is not None:
             resp["choices"] = [choice0, *choices[1:]]  # type: ignore[index]  # resp is a dict once choice0 is
         residual["response"] = resp
-    messages: list[bytes] | None = None
-    request = data.get("request")
-    if isinstance(request, dict) and isinstance(request.get("messages"), list):
-        messages = [orjson.dumps(m) for m in request["messages"]]
-        residual["request"] = {**request, "messages": PH_MESSAGES}
-        flags |= F_MESSAGES
+    lists: list[list[bytes] | None] = []
+    for slot in SLOTS:
+        holder = residual.get(slot.key)
+        items = holder.get(slot.field) if isinstance(holder, dict) else None
+        if not isinstance(items, list):
+            lists.append(None)
+            continue
+        assert isinstance(holder, dict)
+        lists.append([orjson.dumps(m) for m in items])
+        residual[slot.key] = {**holder, slot.field: orjson.loads(slot.placeholder)}
+        flags |= slot.flag
         n_placeholders += 1
     encoded = orjson.dumps(residual)
     if encoded.count(PH_MARK) != n_placeholders:
@@ -221,8 +258,8 @@ def split_call(data: dict[str, Any], triplet: dict[str, Any]) -> tuple[bytes, by
         flags=flags,
         prompt=prompt,
         digests=PromptDigests.of(prompt) if prompt else None,
-        messages=messages,
-        message_hashes=tuple(hash(m) for m in messages) if messages is not None else (),
+        lists=tuple(lists),
+        list_hashes=tuple(tuple(hash(m) for m in items) if items is not None else None for items in lists),
         response=response,
         log_probs=lp,
         prompt_ids=prompt_ids,
@@ -245,7 +282,7 @@ class _Candidate:
     length: int  # prompt ids (0: none)
     blocks: list[bytes]
     full: bytes
-    message_hashes: tuple[int, ...] | None
+    list_hashes: tuple[tuple[int, ...] | None, ...]  # per slot (None: the call has no such list)
 
 
 @dataclass(slots=True)
@@ -290,7 +327,8 @@ class CallIndex:
         to remember once it is committed."""
         key = (record.rollout_id, record.attempt_id)
         candidates = self._attempts.get(key, ())
-        tok_base = tok_shared = msg_base = msg_shared = 0
+        tok_base = tok_shared = 0
+        bases = [(0, 0)] * len(SLOTS)  # per slot: (base call, items shared)
         d = draft.digests
         for c in candidates:  # oldest first: a tie goes to the latest
             if d is not None and c.length:
@@ -304,37 +342,36 @@ class CallIndex:
                         shared += BLOCK
                 if shared and shared >= tok_shared:
                     tok_base, tok_shared = c.seq, shared
-            if draft.messages is not None and c.message_hashes:
-                shared = _common_prefix(draft.message_hashes, c.message_hashes)
-                if shared and shared >= msg_shared:
-                    msg_base, msg_shared = c.seq, shared
+            for k, (new_items, old_items) in enumerate(zip(draft.list_hashes, c.list_hashes, strict=True)):
+                if new_items is not None and old_items:
+                    shared = _common_prefix(new_items, old_items)
+                    if shared and shared >= bases[k][1]:
+                        bases[k] = (c.seq, shared)
         suffix = draft.prompt[tok_shared * 4 :]
-        new_messages = b"\n".join(draft.messages[msg_shared:]) if draft.messages is not None else b""
-        blob = b"".join(
-            (
-                _HEADER.pack(
-                    FORMAT,
-                    draft.flags,
-                    tok_base,
-                    tok_shared,
-                    msg_base,
-                    msg_shared,
-                    len(suffix),
-                    len(draft.response),
-                    len(draft.log_probs),
-                ),
-                suffix,
-                draft.response,
-                draft.log_probs,
-                new_messages,
-            )
+        slot_headers, slot_items = [], []
+        for items, (base, shared) in zip(draft.lists, bases, strict=True):
+            if items is not None:  # JSON text holds no raw newline: it separates the items
+                new = b"\n".join(items[shared:])
+                slot_headers.append(_SLOT_HEADER.pack(base, shared, len(new)))
+                slot_items.append(new)
+        header = _HEADER.pack(
+            FORMAT,
+            draft.flags,
+            tok_base,
+            tok_shared,
+            0,
+            0,
+            len(suffix),
+            len(draft.response),
+            len(draft.log_probs),
         )
+        blob = b"".join((header, *slot_headers, suffix, draft.response, draft.log_probs, *slot_items))
         candidate = _Candidate(
             seq=0,
             length=d.length if d is not None else 0,
             blocks=d.blocks if d is not None else [],
             full=d.full if d is not None else b"",
-            message_hashes=draft.message_hashes if draft.messages is not None else None,
+            list_hashes=draft.list_hashes,
         )
         stored = EventRecord(
             record.rollout_id,
@@ -385,31 +422,50 @@ class CallIndex:
 
 
 @dataclass(slots=True)
+class _SlotDelta:
+    base: int  # the call whose first `shared` items come first (0: none)
+    shared: int
+    new: memoryview  # the new items' JSON, newline-separated
+
+
+@dataclass(slots=True)
 class _Decoded:
     flags: int
     tok_base: int
     tok_shared: int
-    msg_base: int
-    msg_shared: int
     suffix: memoryview
     response: bytes
     log_probs: bytes | None
-    new_messages: memoryview
+    slots: dict[int, _SlotDelta]  # by index in SLOTS, for the lists taken out
 
 
 def _decode(blob: bytes) -> _Decoded:
     fmt, flags, tok_base, tok_shared, msg_base, msg_shared, n_suffix, n_resp, n_lp = _HEADER.unpack_from(blob)
-    if fmt != FORMAT:
-        raise RuntimeError(f"stored call in format {fmt}, this Gateway reads format {FORMAT}")
+    if fmt not in READS:
+        raise RuntimeError(f"stored call in format {fmt}, this Gateway reads formats {READS}")
     view = memoryview(blob)
     at = _HEADER.size
+    heads: list[tuple[int, int, int, int]] = []  # slot, base, shared, new bytes (-1: to the end)
+    if fmt == 1:
+        if flags & F_MESSAGES:
+            heads.append((0, msg_base, msg_shared, -1))
+    else:
+        for k, slot in enumerate(SLOTS):
+            if flags & slot.flag:
+                heads.append((k, *_SLOT_HEADER.unpack_from(blob, at)))
+                at += _SLOT_HEADER.size
     suffix = view[at : at + n_suffix]
     at += n_suffix
     response = bytes(view[at : at + n_resp])
     at += n_resp
     log_probs = bytes(view[at : at + n_lp]) if flags & F_LOGPROBS else None
     at += n_lp
-    return _Decoded(flags, tok_base, tok_shared, msg_base, msg_shared, suffix, response, log_probs, view[at:])
+    slots = {}
+    for k, base, shared, n_new in heads:
+        end = len(view) if n_new < 0 else at + n_new
+        slots[k] = _SlotDelta(base, shared, view[at:end])
+        at = end
+    return _Decoded(flags, tok_base, tok_shared, suffix, response, log_probs, slots)
 
 
 class _Calls:
@@ -418,7 +474,7 @@ class _Calls:
     def __init__(self) -> None:
         self.decoded: dict[int, _Decoded] = {}
         self._prompts: dict[int, list[int]] = {}
-        self._messages: dict[int, list[bytes]] = {}
+        self._lists: dict[tuple[int, int], list[bytes]] = {}  # (call, slot) -> its items
 
     def _base(self, seq: int, base: int) -> _Decoded:
         d = self.decoded.get(base)
@@ -443,22 +499,28 @@ class _Calls:
             self._prompts[s] = head + bytes_to_ids(d.suffix)
         return self._prompts[seq]
 
-    def messages(self, seq: int) -> list[bytes]:
+    def items(self, seq: int, slot: int) -> list[bytes]:
+        """The whole list `slot` of call `seq` (memoized; its chain walked without recursion)."""
         chain = []
         s = seq
-        while s not in self._messages:
-            d = self.decoded[s]
-            chain.append(s)
-            if not d.msg_base:
+        while (s, slot) not in self._lists:
+            delta = self._slot(s, slot)
+            chain.append((s, delta))
+            if not delta.base:
                 break
-            self._base(s, d.msg_base)
-            s = d.msg_base
-        for s in reversed(chain):
-            d = self.decoded[s]
-            head = self._messages[d.msg_base][: d.msg_shared] if d.msg_base else []
-            new = bytes(d.new_messages).split(b"\n") if len(d.new_messages) else []
-            self._messages[s] = head + new
-        return self._messages[seq]
+            self._base(s, delta.base)
+            s = delta.base
+        for s, delta in reversed(chain):
+            head = self._lists[(delta.base, slot)][: delta.shared] if delta.base else []
+            new = bytes(delta.new).split(b"\n") if len(delta.new) else []
+            self._lists[(s, slot)] = head + new
+        return self._lists[(seq, slot)]
+
+    def _slot(self, seq: int, slot: int) -> _SlotDelta:
+        delta = self.decoded[seq].slots.get(slot)
+        if delta is None:
+            raise RuntimeError(f"stored call {seq} has no {SLOTS[slot].key}.{SLOTS[slot].field} to refer to")
+        return delta
 
 
 View = Literal["data", "triplet", "triplet_delta"]
@@ -494,8 +556,8 @@ def materialize(events: list[StoredEvent], view: View) -> list[StoredEvent]:
         if view == "data":
             response = bytes_to_ids(d.response) if d.flags & F_RESPONSE else []
             prompt = calls.prompt(e.sequence) if d.flags & F_PROMPT else []
-            messages = calls.messages(e.sequence) if d.flags & F_MESSAGES else []
-            payload = _splice(r.data, d.flags, prompt, messages, response)
+            lists = [calls.items(e.sequence, k) if k in d.slots else None for k in range(len(SLOTS))]
+            payload = _splice(r.data, d.flags, prompt, response, lists)
             out.append(StoredEvent(e.sequence, _replace(r, data=payload, triplet=None)))
             continue
         assert r.triplet is not None
