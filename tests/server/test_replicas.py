@@ -175,3 +175,36 @@ def test_a_replica_started_while_paused_starts_paused(
             c.process.stop()
     finally:
         api(a, "POST", "/proxy/resume")
+
+
+def test_a_rollout_deleted_and_created_again_through_one_replica_is_new_on_the_other(
+    pair: tuple[RunningGateway, RunningGateway], models: FakeModelServer
+) -> None:
+    a, b = pair
+    rid = new_rollout(a)
+    api(a, "PATCH", f"/api/rollouts/{rid}", json={"status": {"state": "running", "last_attempt_id": "a1"}})
+    old = api(a, "POST", "/api/agent-tokens", json={"rollout_id": rid, "attempt_id": "a1"}).json()["token"]
+    # B learns the rollout as known, the token as live, the attempt's call history.
+    assert call(b, rid, key=old).status_code == 200
+    reward = {"event_type": "reward", "data": {"value": 0.0}}
+    assert api(b, "POST", f"/api/rollouts/{rid}/attempt/a1/events", key=old, json=reward).status_code == 200
+    assert api(a, "DELETE", f"/api/rollouts/{rid}").status_code == 204
+    fresh = api(a, "POST", "/api/rollouts", json=[{"rollout_id": rid, "input": {"q": 2}}]).json()[0]
+    assert fresh["input"] == {"q": 2} and fresh["status"]["version"] == 1
+    # The same attempt id again: only the rollout's creation tells the two tokens apart.
+    api(a, "PATCH", f"/api/rollouts/{rid}", json={"status": {"state": "running", "last_attempt_id": "a1"}})
+    new = api(a, "POST", "/api/agent-tokens", json={"rollout_id": rid, "attempt_id": "a1"}).json()["token"]
+    assert new != old
+    eventually(lambda: call(b, rid, key=old).status_code == 401)  # once B heard of the delete
+    refused = api(b, "POST", f"/api/rollouts/{rid}/attempt/a1/events", key=old, json=reward)
+    assert refused.status_code == 401 and "deleted" in refused.json()["detail"]
+    assert api(b, "GET", f"/api/rollouts/{rid}", key=old).status_code == 401
+    # The new agent's calls and events through B land on the new rollout, and only there.
+    assert call(b, rid, key=new).status_code == 200
+    won = {"event_type": "reward", "data": {"value": 1.0}}
+    assert api(b, "POST", f"/api/rollouts/{rid}/attempt/a1/events", key=new, json=won).status_code == 200
+    for gw in (a, b):
+        assert api(gw, "GET", f"/api/rollouts/{rid}").json()["rollout"]["input"] == {"q": 2}
+        events = api(gw, "GET", f"/api/rollouts/{rid}/events").json()
+        assert [e["event_type"] for e in events] == ["model_request", "reward"]
+        assert events[1]["data"] == {"value": 1.0}
