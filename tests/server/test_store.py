@@ -286,6 +286,30 @@ async def test_sqlite_persists_across_reopen_and_refuses_a_second_owner(tmp_path
         await s2.close()
 
 
+async def test_a_version_2_sqlite_file_gets_the_dashboard_tables(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "g.db"
+    s = SqliteStore(path)
+    await s.open()
+    await s.create_rollouts([rollout("a")])
+    await s.close()
+    conn = sqlite3.connect(path)  # the file as a Gateway of schema 2 left it
+    conn.executescript(
+        "DROP TABLE status_changes; DROP TABLE run_points; DROP TABLE runs; PRAGMA user_version=2;"
+    )
+    conn.close()
+    s = SqliteStore(path)
+    await s.open()
+    try:
+        assert await s.status_history("a") == []  # what happened before is not known
+        await s.patch_rollout("a", patch(state="running"), 1.0)
+        assert [h["version"] for h in await s.status_history("a")] == [2]
+        assert await s.add_run_points("exp", [MetricPoint(step=1, metrics={"a": 1.0})]) == 1
+    finally:
+        await s.close()
+
+
 @pytest.mark.parametrize(
     ("settings", "named"),
     [
