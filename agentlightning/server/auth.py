@@ -6,8 +6,10 @@
   events to that attempt, reading its own rollout and events. It stops working when the
   rollout is terminal, deleted, or has moved on to another attempt.
 
-Tokens are stateless: `agl1.<rollout>.<attempt>.<signature>` with the ids base64url-encoded and
-the signature an HMAC-SHA256 of both ids under the Gateway's token secret, so nothing is stored
+Tokens are stateless: `agl1.<rollout>.<attempt>.<created>.<signature>` with the ids
+base64url-encoded, `created` the rollout's `status.created_at` (so that a rollout deleted and
+created again under the same id does not accept the tokens of the deleted one), and the
+signature an HMAC-SHA256 of the three under the Gateway's token secret, so nothing is stored
 per token and a token cannot be made without the secret. Keys are compared in constant time.
 """
 
@@ -40,6 +42,7 @@ class Principal:
     role: Role
     rollout_id: str | None = None
     attempt_id: str | None = None
+    created_at: float | None = None  # an agent token's rollout's creation time
 
 
 def _b64(raw: bytes) -> str:
@@ -63,31 +66,38 @@ class TokenSigner:
             return cls(token_secret.encode())
         return cls(hmac.new(key.encode(), b"agentlightning agent token v1", hashlib.sha256).digest())
 
-    def _signature(self, rollout_id: str, attempt_id: str) -> bytes:
-        message = b"agent\x00" + rollout_id.encode() + b"\x00" + attempt_id.encode()
+    def _signature(self, rollout_id: str, attempt_id: str, created: str) -> bytes:
+        message = (
+            b"agent\x00" + rollout_id.encode() + b"\x00" + attempt_id.encode() + b"\x00" + created.encode()
+        )
         return hmac.new(self._secret, message, hashlib.sha256).digest()
 
-    def mint(self, rollout_id: str, attempt_id: str) -> str:
+    def mint(self, rollout_id: str, attempt_id: str, created_at: float) -> str:
+        created = repr(float(created_at))  # repr round-trips a float exactly
         parts = (
             _b64(rollout_id.encode()),
             _b64(attempt_id.encode()),
-            _b64(self._signature(rollout_id, attempt_id)),
+            created,
+            _b64(self._signature(rollout_id, attempt_id, created)),
         )
         return ".".join((TOKEN_PREFIX, *parts))
 
-    def verify(self, token: str) -> tuple[str, str] | None:
-        """(rollout_id, attempt_id) of a genuine token, else None."""
-        parts = token.split(".")
+    def verify(self, token: str) -> tuple[str, str, float] | None:
+        """(rollout_id, attempt_id, the rollout's created_at) of a genuine token, else None."""
+        parts = token.split(".", 3)
         if len(parts) != 4 or parts[0] != TOKEN_PREFIX:
             return None
+        # created_at's repr has a dot of its own: the signature is what follows the last dot
+        created, _, signature_text = parts[3].rpartition(".")
         try:
             rollout_id, attempt_id = _unb64(parts[1]).decode(), _unb64(parts[2]).decode()
-            signature = _unb64(parts[3])
+            signature = _unb64(signature_text)
+            created_at = float(created)
         except (binascii.Error, UnicodeDecodeError, ValueError):
             return None
-        if not hmac.compare_digest(signature, self._signature(rollout_id, attempt_id)):
+        if not hmac.compare_digest(signature, self._signature(rollout_id, attempt_id, created)):
             return None
-        return rollout_id, attempt_id
+        return rollout_id, attempt_id, created_at
 
 
 # --- what each role may do -------------------------------------------------------------------
@@ -127,10 +137,12 @@ def agent_may(principal: Principal, method: str, path: str) -> bool:
     return False
 
 
-def token_still_valid(rollout: Rollout | None, attempt_id: str) -> str | None:
+def token_still_valid(rollout: Rollout | None, attempt_id: str, created_at: float) -> str | None:
     """Why an agent token no longer works, or None while it does."""
     if rollout is None:
         return "the token's rollout no longer exists"
+    if rollout.status.created_at != created_at:
+        return "the token's rollout was deleted (a rollout created since has its id)"
     if rollout.status.state.is_terminal:
         return f"the token's rollout is {rollout.status.state.value}"
     last = rollout.status.last_attempt_id
@@ -207,16 +219,17 @@ class LiveTokens:
 
     def __init__(self, capacity: int = 100_000) -> None:
         self.capacity = capacity
-        self._live: OrderedDict[str, str] = OrderedDict()  # rollout id -> attempt id
+        # rollout id -> (attempt id, the rollout's created_at)
+        self._live: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self.generation = 0
 
-    def is_live(self, rollout_id: str, attempt_id: str) -> bool:
-        return self._live.get(rollout_id) == attempt_id
+    def is_live(self, rollout_id: str, attempt_id: str, created_at: float) -> bool:
+        return self._live.get(rollout_id) == (attempt_id, created_at)
 
-    def remember(self, rollout_id: str, attempt_id: str, generation: int) -> None:
+    def remember(self, rollout_id: str, attempt_id: str, created_at: float, generation: int) -> None:
         if generation != self.generation:
             return
-        self._live[rollout_id] = attempt_id
+        self._live[rollout_id] = (attempt_id, created_at)
         if len(self._live) > self.capacity:
             self._live.popitem(last=False)
 
@@ -272,15 +285,15 @@ class AuthMiddleware:
                     send, 403, f"an agent token may only use its own rollout attempt, not {method} {path}"
                 )
                 return
-            rid, aid = principal.rollout_id, principal.attempt_id
-            assert rid is not None and aid is not None
-            if not self.live.is_live(rid, aid):
+            rid, aid, created_at = principal.rollout_id, principal.attempt_id, principal.created_at
+            assert rid is not None and aid is not None and created_at is not None
+            if not self.live.is_live(rid, aid, created_at):
                 generation = self.live.generation
-                why = token_still_valid(await self.load_rollout(rid), aid)
+                why = token_still_valid(await self.load_rollout(rid), aid, created_at)
                 if why is not None:
                     await _deny(send, 401, f"expired agent token: {why}")
                     return
-                self.live.remember(rid, aid, generation)
+                self.live.remember(rid, aid, created_at, generation)
             await self.app(scope, receive, send)
             return
         changed = rollout_change(method, path)

@@ -11,10 +11,8 @@ from agentlightning.schemas import Model
 from agentlightning.server.auth import Authenticator
 from agentlightning.server.change_signal import ChangeSignal
 from agentlightning.server.config import ServerConfig
-from agentlightning.server.history import StatusHistory
 from agentlightning.server.metrics import GatewayMetrics
 from agentlightning.server.proxy.runtime import ProxyRuntime
-from agentlightning.server.runs import RunMetricsTable
 from agentlightning.server.store import Store
 
 if TYPE_CHECKING:
@@ -73,8 +71,6 @@ class GatewayState:
     proxy: ProxyRuntime = field(default_factory=ProxyRuntime)
     # The dashboard's and Prometheus' views (server/metrics.py; None when metrics.enabled=false).
     metrics: GatewayMetrics | None = None
-    runs: RunMetricsTable = field(default_factory=RunMetricsTable)
-    history: StatusHistory = field(default_factory=StatusHistory)
     auth: Authenticator = field(default_factory=lambda: Authenticator(""))
     # Set when the store is shared by several replicas (server/replicas.py).
     replicas: ReplicaSync | None = None

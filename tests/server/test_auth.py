@@ -167,16 +167,23 @@ def test_an_agent_token_works_on_its_own_attempt_only(api: TestClient) -> None:
     assert api.get(f"/api/rollouts/{OTHER}/events", params={"attempt_id": ATTEMPT}).json() == []
 
 
-@pytest.mark.parametrize("change", ["other-secret", "swap-ids", "edit-signature", "garbage", "no-prefix"])
+@pytest.mark.parametrize(
+    "change",
+    ["other-secret", "swap-ids", "edit-signature", "edit-created", "no-created", "garbage", "no-prefix"],
+)
 def test_forged_tokens_are_401(api: TestClient, change: str) -> None:
     genuine = mint(api)
-    prefix, rid, aid, sig = genuine.split(".")
+    prefix, rid, aid, rest = genuine.split(".", 3)
+    created, _, sig = rest.rpartition(".")  # created_at's repr has a dot
+    at = float(created)
     forged = {
-        "other-secret": TokenSigner(b"guessed").mint(MINE, ATTEMPT),
-        "swap-ids": ".".join((prefix, TokenSigner(b"x").mint(OTHER, ATTEMPT).split(".")[1], aid, sig)),
-        "edit-signature": ".".join((prefix, rid, aid, ("A" if sig[0] != "A" else "B") + sig[1:])),
+        "other-secret": TokenSigner(b"guessed").mint(MINE, ATTEMPT, at),
+        "swap-ids": ".".join((prefix, TokenSigner(b"x").mint(OTHER, ATTEMPT, at).split(".")[1], aid, rest)),
+        "edit-signature": ".".join((prefix, rid, aid, created, ("A" if sig[0] != "A" else "B") + sig[1:])),
+        "edit-created": ".".join((prefix, rid, aid, repr(at + 1), sig)),
+        "no-created": ".".join((prefix, rid, aid, sig)),  # the format before created_at was signed
         "garbage": "agl1.%%%.***.!!!",
-        "no-prefix": ".".join((rid, aid, sig)),
+        "no-prefix": ".".join((rid, aid, rest)),
     }[change]
     r = api.post(f"/api/rollouts/{MINE}/attempt/{ATTEMPT}/events", json=REWARD, headers=bearer(forged))
     assert r.status_code == 401
@@ -206,6 +213,12 @@ def test_a_token_expires_when_its_rollout_ends_is_deleted_or_moves_on(api: TestC
     assert api.delete(f"/api/rollouts/{OTHER}").status_code == 204
     r = api.get(f"/api/rollouts/{OTHER}", headers=bearer(other))
     assert r.status_code == 401 and "no longer exists" in r.json()["detail"]
+    # Created again under the same id, even at the same attempt: the deleted rollout's token is dead.
+    assert api.post("/api/rollouts", json=[{"rollout_id": OTHER, "input": {"q": 2}}]).status_code == 201
+    api.patch(f"/api/rollouts/{OTHER}", json={"status": {"state": "running", "last_attempt_id": ATTEMPT}})
+    r = api.post(f"/api/rollouts/{OTHER}/attempt/{ATTEMPT}/events", json=REWARD, headers=bearer(other))
+    assert r.status_code == 401 and "deleted" in r.json()["detail"]
+    assert post(mint(api, OTHER), rid=OTHER) == 200
     assert api.post("/api/agent-tokens", json={"rollout_id": "ghost", "attempt_id": "a"}).status_code == 404
 
 
@@ -282,12 +295,13 @@ def test_live_tokens_do_not_remember_a_check_that_overlapped_a_change() -> None:
     live = LiveTokens(capacity=2)
     generation = live.generation
     live.forget("r1")  # a patch of r1 ran while the check read the rollout
-    live.remember("r1", "a", generation)
-    assert not live.is_live("r1", "a")
-    live.remember("r1", "a", live.generation)
-    assert live.is_live("r1", "a") and not live.is_live("r1", "b")
-    live.remember("r2", "a", live.generation)
-    live.remember("r3", "a", live.generation)  # over capacity: the oldest goes
-    assert not live.is_live("r1", "a") and live.is_live("r3", "a")
+    live.remember("r1", "a", 1.0, generation)
+    assert not live.is_live("r1", "a", 1.0)
+    live.remember("r1", "a", 1.0, live.generation)
+    assert live.is_live("r1", "a", 1.0) and not live.is_live("r1", "b", 1.0)
+    assert not live.is_live("r1", "a", 2.0)  # a token of another rollout once named r1
+    live.remember("r2", "a", 1.0, live.generation)
+    live.remember("r3", "a", 1.0, live.generation)  # over capacity: the oldest goes
+    assert not live.is_live("r1", "a", 1.0) and live.is_live("r3", "a", 1.0)
     live.forget(ALL)
-    assert not live.is_live("r2", "a") and not live.is_live("r3", "a")
+    assert not live.is_live("r2", "a", 1.0) and not live.is_live("r3", "a", 1.0)

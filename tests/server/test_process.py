@@ -125,6 +125,7 @@ def test_acknowledged_writes_survive_sigkill(
             for i in range(0, n_rollouts, 2):
                 await c.patch_rollout(f"r{i}", state="running", last_attempt_id="a1")
                 await c.patch_rollout(f"r{i}", state="succeeded")
+            await c.post_run_metrics("exp", [{"step": 1, "metrics": {"training/reward": 0.5}}])
 
     asyncio.run(write())
     gw.process.kill()  # SIGKILL right after the last acknowledgement: no shutdown, no flush
@@ -135,6 +136,13 @@ def test_acknowledged_writes_survive_sigkill(
         assert sum(r.status.state == "succeeded" for r in rollouts) == n_rollouts // 2
         assert c.terminal().total_terminal == n_rollouts // 2
         assert c.list_models()[0].version == 7
+        # the dashboard's views are in the store too: the history and the training curve
+        detail = httpx.get(
+            f"{restarted.url}/api/dashboard/rollouts/r0", headers={"x-api-key": restarted.key}
+        ).json()
+        assert [h["state"] for h in detail["history"]] == ["queuing", "running", "succeeded"]
+        runs = httpx.get(f"{restarted.url}/api/runs/exp/metrics", headers={"x-api-key": restarted.key}).json()
+        assert [p["metrics"] for p in runs["points"]] == [{"training/reward": 0.5}]
         for i in range(n_rollouts):
             events = c.get_events(f"r{i}")
             assert sorted(e.data["j"] for e in events) == list(range(n_events)), i

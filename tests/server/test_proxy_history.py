@@ -91,3 +91,15 @@ def test_history_keeps_a_token_budget() -> None:
         history.add(f"r{i}", "a", turn([USER], rendered=list(range(20)), response=[1, 2, EOS]))
     assert history.tokens <= 100
     assert history.turns("r9", "a") and not history.turns("r0", "a")
+
+
+def test_a_deleted_rollouts_turns_are_forgotten() -> None:
+    history = AttemptHistory()
+    for rid, aid in (("r1", "a"), ("r1", "b"), ("r2", "a")):
+        history.add(rid, aid, turn([USER], rendered=list(range(20)), response=[1, 2, EOS]))
+    history.forget("r1")  # a rollout created again as r1 must not continue the deleted one's tokens
+    assert not history.turns("r1", "a") and not history.turns("r1", "b")
+    assert history.turns("r2", "a") and history.tokens == 43
+    history.forget("r1")
+    history.forget("r2")
+    assert history.tokens == 0

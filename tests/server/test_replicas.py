@@ -97,6 +97,32 @@ def test_every_route_answers_the_same_on_either_replica(pair: tuple[RunningGatew
     assert [e["data"] for e in api(b, "GET", f"/api/rollouts/{rid}/events").json()] == [{"value": 1.0}]
 
 
+def test_the_dashboard_shows_the_same_history_and_training_curves_on_either_replica(
+    pair: tuple[RunningGateway, RunningGateway],
+) -> None:
+    a, b = pair
+    rid = new_rollout(a)
+    api(b, "PATCH", f"/api/rollouts/{rid}", json={"status": {"state": "running", "last_attempt_id": "a1"}})
+    api(a, "PATCH", f"/api/rollouts/{rid}", json={"status": {"state": "succeeded"}})
+    for gw in (a, b):
+        history = api(gw, "GET", f"/api/dashboard/rollouts/{rid}").json()["history"]
+        assert [(h["state"], h["version"]) for h in history] == [
+            ("queuing", 1),
+            ("running", 2),
+            ("succeeded", 3),
+        ]
+        assert api(gw, "GET", "/api/dashboard/overview").json()["rollouts_per_minute"] >= 1
+    run = f"run-{uuid.uuid4().hex[:8]}"
+    steps = [{"step": s, "metrics": {"training/reward": s / 10}} for s in (1, 2)]
+    assert api(a, "POST", f"/api/runs/{run}/metrics", json=steps).json()["n_points"] == 2
+    assert api(b, "POST", f"/api/runs/{run}/metrics", json=[{"step": 3, "metrics": {"x": 1.0}}]).is_success
+    for gw in (a, b):
+        points = api(gw, "GET", f"/api/runs/{run}/metrics").json()["points"]
+        assert [p["step"] for p in points] == [1, 2, 3]
+        listed = {r["run_id"]: r for r in api(gw, "GET", "/api/runs").json()}
+        assert listed[run]["n_points"] == 3 and listed[run]["keys"] == ["training/reward", "x"]
+
+
 def test_long_polls_wake_on_changes_made_through_the_other_replica(
     pair: tuple[RunningGateway, RunningGateway],
 ) -> None:
@@ -175,3 +201,38 @@ def test_a_replica_started_while_paused_starts_paused(
             c.process.stop()
     finally:
         api(a, "POST", "/proxy/resume")
+
+
+def test_a_rollout_deleted_and_created_again_through_one_replica_is_new_on_the_other(
+    pair: tuple[RunningGateway, RunningGateway], models: FakeModelServer
+) -> None:
+    a, b = pair
+    rid = new_rollout(a)
+    api(a, "PATCH", f"/api/rollouts/{rid}", json={"status": {"state": "running", "last_attempt_id": "a1"}})
+    old = api(a, "POST", "/api/agent-tokens", json={"rollout_id": rid, "attempt_id": "a1"}).json()["token"]
+    # B learns the rollout as known, the token as live, the attempt's call history.
+    assert call(b, rid, key=old).status_code == 200
+    reward = {"event_type": "reward", "data": {"value": 0.0}}
+    assert api(b, "POST", f"/api/rollouts/{rid}/attempt/a1/events", key=old, json=reward).status_code == 200
+    assert api(a, "DELETE", f"/api/rollouts/{rid}").status_code == 204
+    fresh = api(a, "POST", "/api/rollouts", json=[{"rollout_id": rid, "input": {"q": 2}}]).json()[0]
+    assert fresh["input"] == {"q": 2} and fresh["status"]["version"] == 1
+    # The same attempt id again: only the rollout's creation tells the two tokens apart.
+    api(a, "PATCH", f"/api/rollouts/{rid}", json={"status": {"state": "running", "last_attempt_id": "a1"}})
+    new = api(a, "POST", "/api/agent-tokens", json={"rollout_id": rid, "attempt_id": "a1"}).json()["token"]
+    assert new != old
+    eventually(lambda: call(b, rid, key=old).status_code == 401)  # once B heard of the delete
+    refused = api(b, "POST", f"/api/rollouts/{rid}/attempt/a1/events", key=old, json=reward)
+    assert refused.status_code == 401 and "deleted" in refused.json()["detail"]
+    assert api(b, "GET", f"/api/rollouts/{rid}", key=old).status_code == 401
+    # The new agent's calls and events through B land on the new rollout, and only there.
+    assert call(b, rid, key=new).status_code == 200
+    won = {"event_type": "reward", "data": {"value": 1.0}}
+    assert api(b, "POST", f"/api/rollouts/{rid}/attempt/a1/events", key=new, json=won).status_code == 200
+    for gw in (a, b):
+        assert api(gw, "GET", f"/api/rollouts/{rid}").json()["rollout"]["input"] == {"q": 2}
+        events = api(gw, "GET", f"/api/rollouts/{rid}/events").json()
+        assert [e["event_type"] for e in events] == ["model_request", "reward"]
+        assert events[1]["data"] == {"value": 1.0}
+        history = api(gw, "GET", f"/api/dashboard/rollouts/{rid}").json()["history"]
+        assert [(h["state"], h["version"]) for h in history] == [("queuing", 1), ("running", 2)]

@@ -11,6 +11,7 @@ import pytest
 
 from agentlightning.schemas import (
     IllegalTransition,
+    MetricPoint,
     Model,
     Rollout,
     RolloutMetadata,
@@ -26,7 +27,7 @@ from agentlightning.server.store import (
     StoreLocked,
     store_from_url,
 )
-from agentlightning.server.store.postgres import DEAD_REPLICA_S, PostgresStore
+from agentlightning.server.store.postgres import DEAD_REPLICA_S, MIGRATIONS, PostgresStore
 from tests import postgres
 
 
@@ -145,6 +146,42 @@ async def test_delete_removes_rollout_events_and_terminal_entry(store: Store) ->
     assert [i.rollout_id for i in later.items] == ["c"]
 
 
+async def test_status_history_is_recorded_by_create_and_patch_and_goes_with_a_delete(store: Store) -> None:
+    await store.create_rollouts([rollout("a")])
+    await store.patch_rollout("a", patch(state="running", last_attempt_id="t1"), 10.0)
+    await store.patch_rollout("a", patch(state="failed", error_message="boom"), 20.0)
+    await store.create_rollouts([rollout("a")])  # an idempotent create changes nothing
+    history = await store.status_history("a")
+    assert [(h["state"], h["version"], h["attempt_id"], h["error_message"]) for h in history] == [
+        ("queuing", 1, None, None),
+        ("running", 2, "t1", None),
+        ("failed", 3, "t1", "boom"),
+    ]
+    assert [h["at"] for h in history[1:]] == [10.0, 20.0]
+    assert await store.count_finished_since(15.0) == 1 and await store.count_finished_since(25.0) == 0
+    assert await store.delete_rollout("a")
+    assert await store.status_history("a") == []
+    await store.create_rollouts([rollout("a")])  # the same id again: a history of its own
+    assert [h["version"] for h in await store.status_history("a")] == [1]
+
+
+async def test_run_points_replace_from_a_repeated_step_and_runs_list_newest_first(store: Store) -> None:
+    assert await store.run_points("exp") is None and await store.list_runs() == []
+    points = [MetricPoint(step=s, metrics={"reward": s / 10}) for s in (1, 2, 3)]
+    assert await store.add_run_points("exp", points) == 3
+    # a run resumed from its step-1 checkpoint logs step 2 again: steps 2 and 3 go
+    assert await store.add_run_points("exp", [MetricPoint(step=2, metrics={"kl": 0.5}, time=7.0)]) == 2
+    got = await store.run_points("exp")
+    assert got is not None
+    assert [(p.step, p.metrics) for p in got] == [(1, {"reward": 0.1}), (2, {"kl": 0.5})]
+    assert got[1].time == 7.0 and got[0].time is not None
+    assert [p.step for p in await store.run_points("exp", after_step=1) or []] == [2]
+    await store.add_run_points("other", [])
+    runs = await store.list_runs()
+    assert [(r.run_id, r.n_points, r.last_step) for r in runs] == [("other", 0, None), ("exp", 2, 2)]
+    assert runs[1].keys == ["kl", "reward"]
+
+
 async def test_events_append_in_order_and_filter(store: Store) -> None:
     await store.create_rollouts([rollout("a"), rollout("b")])
     seqs = []
@@ -226,6 +263,7 @@ async def test_sqlite_persists_across_reopen_and_refuses_a_second_owner(tmp_path
     await finish(s, "a")
     await s.append_event(make_record("b", "t", "reward", {"value": 0.5}, 1.0))
     await s.upsert_models([Model(model="m", endpoint="http://x/v1", version=2)])
+    await s.add_run_points("exp", [MetricPoint(step=1, metrics={"reward": 1.0})])
     other = SqliteStore(path)
     with pytest.raises(StoreLocked, match="another process"):
         await other.open()
@@ -241,8 +279,35 @@ async def test_sqlite_persists_across_reopen_and_refuses_a_second_owner(tmp_path
         assert [i.rollout_id for i in (await s2.list_terminal(page.next_after, 10)).items] == ["b"]
         assert [orjson.loads(e.record.data) for e in await s2.list_events("b")] == [{"value": 0.5}]
         assert [m.version for m in await s2.list_models()] == [2]
+        # the dashboard's views survive too
+        assert [h["state"] for h in await s2.status_history("a")] == ["queuing", "running", "succeeded"]
+        assert [p.metrics for p in await s2.run_points("exp") or []] == [{"reward": 1.0}]
     finally:
         await s2.close()
+
+
+async def test_a_version_2_sqlite_file_gets_the_dashboard_tables(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "g.db"
+    s = SqliteStore(path)
+    await s.open()
+    await s.create_rollouts([rollout("a")])
+    await s.close()
+    conn = sqlite3.connect(path)  # the file as a Gateway of schema 2 left it
+    conn.executescript(
+        "DROP TABLE status_changes; DROP TABLE run_points; DROP TABLE runs; PRAGMA user_version=2;"
+    )
+    conn.close()
+    s = SqliteStore(path)
+    await s.open()
+    try:
+        assert await s.status_history("a") == []  # what happened before is not known
+        await s.patch_rollout("a", patch(state="running"), 1.0)
+        assert [h["version"] for h in await s.status_history("a")] == [2]
+        assert await s.add_run_points("exp", [MetricPoint(step=1, metrics={"a": 1.0})]) == 1
+    finally:
+        await s.close()
 
 
 @pytest.mark.parametrize(
@@ -291,3 +356,32 @@ async def test_a_heartbeat_purges_the_rows_of_long_dead_replicas() -> None:
         assert [r[0] for r in rows] == [s.replica_id]
     finally:
         await s.close()
+
+
+async def test_a_version_1_postgres_schema_is_migrated_to_the_dashboard_tables() -> None:
+    import asyncpg
+
+    url = postgres.new_database()
+    conn = await asyncpg.connect(url)
+    try:  # the database as the first Postgres Gateway left it
+        await conn.execute(MIGRATIONS[0])
+        await conn.execute(
+            "CREATE TABLE agl_schema (version integer NOT NULL); INSERT INTO agl_schema VALUES (1)"
+        )
+        await conn.execute(
+            "INSERT INTO rollouts(rollout_id, state, data_id, is_train, body) VALUES ($1,'queuing','',true,$2)",
+            "old",
+            rollout("old").model_dump_json().encode(),
+        )
+    finally:
+        await conn.close()
+    store = PostgresStore(url)
+    await store.open()
+    try:
+        assert await store.status_history("old") == []  # what happened before is not known
+        await store.patch_rollout("old", patch(state="running"), 1.0)
+        assert [h["version"] for h in await store.status_history("old")] == [2]
+        await store.add_run_points("exp", [MetricPoint(step=1, metrics={"a": 1.0})])
+        assert [r.run_id for r in await store.list_runs()] == ["exp"]
+    finally:
+        await store.close()

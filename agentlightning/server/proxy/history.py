@@ -72,6 +72,7 @@ class AttemptHistory:
 
     def __init__(self, max_tokens: int = MAX_TOKENS) -> None:
         self._turns: OrderedDict[tuple[str, str], list[Turn]] = OrderedDict()
+        self._attempts_of: dict[str, set[str]] = {}  # rollout id -> its attempts in _turns
         self.max_tokens = max_tokens
         self.tokens = 0
 
@@ -85,15 +86,31 @@ class AttemptHistory:
 
     def add(self, rollout_id: str, attempt_id: str, turn: Turn) -> None:
         key = (rollout_id, attempt_id)
-        turns = self._turns.setdefault(key, [])
+        turns = self._turns.get(key)
+        if turns is None:
+            turns = self._turns[key] = []
+            self._attempts_of.setdefault(rollout_id, set()).add(attempt_id)
         self._turns.move_to_end(key)
         turns.append(turn)
         self.tokens += _size(turn)
         while len(turns) > TURNS:
             self.tokens -= _size(turns.pop(0))
         while self._turns and (len(self._turns) > ATTEMPTS or self.tokens > self.max_tokens):
-            _, dropped = self._turns.popitem(last=False)
+            (rid, aid), dropped = self._turns.popitem(last=False)
             self.tokens -= sum(map(_size, dropped))
+            self._drop_attempt(rid, aid)
+
+    def _drop_attempt(self, rollout_id: str, attempt_id: str) -> None:
+        attempts = self._attempts_of.get(rollout_id)
+        if attempts is not None:
+            attempts.discard(attempt_id)
+            if not attempts:
+                del self._attempts_of[rollout_id]
+
+    def forget(self, rollout_id: str) -> None:
+        """A deleted rollout's turns: a rollout created again under its id starts afresh."""
+        for attempt_id in self._attempts_of.pop(rollout_id, ()):
+            self.tokens -= sum(map(_size, self._turns.pop((rollout_id, attempt_id), [])))
 
 
 def _size(turn: Turn) -> int:

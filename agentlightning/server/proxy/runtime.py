@@ -82,9 +82,11 @@ class ProxyRuntime:
             self._known.popitem(last=False)
 
     def forget(self, rollout_id: str) -> None:
+        """A deleted rollout: nothing of it is kept (its id may be created again)."""
         self.forgotten += 1
         self._known.pop(rollout_id, None)
+        self.tokens.history.forget(rollout_id)
 
     def forget_all(self) -> None:
         self.forgotten += 1
-        self._known.clear()
+        self._known.clear()  # the call histories stay: clearing them would split running rollouts' rows

@@ -64,7 +64,7 @@ async def overview(state: State) -> dict[str, Any]:
     return {
         "counts": {s.value: counts.get(s.value, 0) for s in RolloutState},
         "total": sum(counts.values()),
-        "rollouts_per_minute": state.history.finished.per_second() * 60,
+        "rollouts_per_minute": await state.store.count_finished_since(time.time() - 60),
         "calls_per_second": metrics.call_rate.per_second() if metrics is not None else None,
         "failures": [
             {
@@ -230,7 +230,7 @@ async def rollout_detail(rollout_id: str, state: State) -> dict[str, Any]:
     triplets = await _events(state, rollout, "triplet")
     return {
         "rollout": rollout.model_dump(mode="json"),
-        "history": state.history.of(rollout_id),
+        "history": await state.store.status_history(rollout_id),
         "attempts": [
             {
                 "attempt_id": a.attempt_id,

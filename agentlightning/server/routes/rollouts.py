@@ -61,8 +61,6 @@ def _new_rollout(spec: RolloutCreate, at: float) -> Rollout:
 async def create_rollouts(body: list[RolloutCreate], state: State) -> list[Rollout]:
     at = now()
     created = await state.store.create_rollouts([_new_rollout(spec, at) for spec in body])
-    for rollout in created:
-        state.history.record(rollout)
     state.rollout_changes.notify()
     return created
 
@@ -138,7 +136,6 @@ async def patch_rollout(rollout_id: str, body: RolloutPatch, state: State) -> Ro
             raise RolloutNotFound(rollout_id)
         return current
     updated = await state.store.patch_rollout(rollout_id, body.status, now())
-    state.history.record(updated)
     state.rollout_changes.notify()
     if updated.status.state.is_terminal and body.status.state is not None:
         state.terminal_changes.notify()

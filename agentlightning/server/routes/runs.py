@@ -21,19 +21,19 @@ RunId = Annotated[str, Path(pattern=ID_PATTERN)]
 
 @router.post("/{run_id}/metrics")
 async def post_metrics(run_id: RunId, body: list[MetricPoint], state: State) -> dict[str, int | str]:
-    return {"run_id": run_id, "n_points": state.runs.add(run_id, body)}
+    return {"run_id": run_id, "n_points": await state.store.add_run_points(run_id, body)}
 
 
 @router.get("", response_model=list[RunSummary])
 async def list_runs(state: State) -> list[RunSummary]:
-    return state.runs.runs()
+    return await state.store.list_runs()
 
 
 @router.get("/{run_id}/metrics", response_model=RunMetrics)
 async def get_metrics(
     run_id: RunId, state: State, after_step: Annotated[int, Query(ge=-1)] = -1
 ) -> RunMetrics:
-    points = state.runs.points(run_id, after_step)
+    points = await state.store.run_points(run_id, after_step)
     if points is None:
         raise HTTPException(404, f"run {run_id!r} has posted no metrics")
     return RunMetrics(run_id=run_id, points=points)

@@ -21,8 +21,8 @@ async def mint_agent_token(body: AgentTokenRequest, state: State) -> AgentToken:
     rollout = await state.store.get_rollout(body.rollout_id)
     if rollout is None:
         raise RolloutNotFound(body.rollout_id)
-    why = token_still_valid(rollout, body.attempt_id)
+    why = token_still_valid(rollout, body.attempt_id, rollout.status.created_at)
     if why is not None:
         raise HTTPException(409, f"no token for attempt {body.attempt_id!r}: {why}")
-    token = state.auth.signer.mint(body.rollout_id, body.attempt_id)
+    token = state.auth.signer.mint(body.rollout_id, body.attempt_id, rollout.status.created_at)
     return AgentToken(token=token, rollout_id=body.rollout_id, attempt_id=body.attempt_id)

@@ -1,4 +1,4 @@
-"""The Gateway's storage interface. Two implementations: SQLite (default, durable) and memory.
+"""The Gateway's storage interface. Implementations: SQLite (default, durable), memory, Postgres.
 
 Event payloads are stored as JSON bytes, serialized once when appended, together with their
 precomputed triplet view, so reads never re-encode the payload.
@@ -12,13 +12,20 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agentlightning.schemas import (
+    MetricPoint,
     Model,
     Rollout,
     RolloutState,
     RolloutStatusPatch,
+    RunSummary,
     TerminalPage,
     check_transition,
 )
+
+MAX_STATUS_CHANGES = 50  # of one rollout's status changes, the first ones are kept for the dashboard
+MAX_RUNS = 64  # training runs whose metrics are kept (the least recently updated go first)
+MAX_POINTS_PER_RUN = 100_000  # steps kept per run (the oldest go first)
+RUN_KEYS_FROM = 50  # a run's metric names: those of its last steps
 
 
 class RolloutNotFound(KeyError):
@@ -75,6 +82,18 @@ def group_id_of(rollout: Rollout) -> str:
     if isinstance(rollout.input, dict):
         return str(rollout.input.get("data_id") or rollout.input.get("instance_id") or "")
     return ""
+
+
+def status_change(rollout: Rollout) -> dict[str, Any]:
+    """One entry of a rollout's status history (`Store.status_history`)."""
+    s = rollout.status
+    return {
+        "state": s.state.value,
+        "version": s.version,
+        "at": s.updated_at,
+        "attempt_id": s.last_attempt_id,
+        "error_message": s.error_message,
+    }
 
 
 def apply_patch(rollout: Rollout, patch: RolloutStatusPatch, now: float) -> Rollout:
@@ -204,3 +223,29 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def delete_models(self) -> None: ...
+
+    # The dashboard's views. In the store, so that every replica of a shared store shows the same.
+    @abc.abstractmethod
+    async def status_history(self, rollout_id: str) -> list[dict[str, Any]]:
+        """The rollout's status changes (`status_change`), oldest first, at most MAX_STATUS_CHANGES.
+        create_rollouts and patch_rollout record them; a delete removes them."""
+
+    @abc.abstractmethod
+    async def count_finished_since(self, since: float) -> int:
+        """Rollouts that reached a terminal state at or after `since` (unix seconds)."""
+
+    # training runs' metrics, posted by trainers (routes/runs.py): a live view, bounded
+    @abc.abstractmethod
+    async def add_run_points(self, run_id: str, points: list[MetricPoint]) -> int:
+        """Append points in step order; a step at or before the run's last one replaces the points
+        from there on (a run resumed from a checkpoint logs those steps again). A point without a
+        time gets now. Keeps MAX_RUNS runs and MAX_POINTS_PER_RUN points a run. Returns the run's
+        point count."""
+
+    @abc.abstractmethod
+    async def list_runs(self) -> list[RunSummary]:
+        """The runs, most recently updated first."""
+
+    @abc.abstractmethod
+    async def run_points(self, run_id: str, after_step: int = -1) -> list[MetricPoint] | None:
+        """The run's points after `after_step`, in step order; None for a run never posted to."""

@@ -14,17 +14,22 @@ import asyncio
 import bisect
 import ctypes
 import ctypes.util
+from collections import deque
 from collections.abc import Callable, Collection
+from typing import Any
 
 from agentlightning.schemas import (
+    MetricPoint,
     Model,
     Rollout,
     RolloutState,
     RolloutStatusPatch,
+    RunSummary,
     TerminalItem,
     TerminalPage,
 )
 from agentlightning.server.store.base import (
+    MAX_STATUS_CHANGES,
     AttemptStats,
     EventRecord,
     RolloutNotFound,
@@ -32,10 +37,13 @@ from agentlightning.server.store.base import (
     StoredEvent,
     apply_patch,
     group_id_of,
+    status_change,
 )
 from agentlightning.server.store.delta import CallDraft, CallIndex, View, materialize
+from agentlightning.server.store.runs import RunMetricsTable
 
 TRIM_AFTER_BYTES = 16 * 1024 * 1024
+FINISH_TIMES = 100_000  # the latest completion times kept, for count_finished_since
 
 
 def _find_malloc_trim() -> Callable[[int], int] | None:
@@ -61,6 +69,9 @@ class MemoryStore(Store):
         self._models: dict[tuple[str, str], Model] = {}
         self._calls = CallIndex()
         self._routes: dict[str, dict[int, bytes]] = {}  # rollout -> event sequence -> routes JSON
+        self._history: dict[str, list[dict[str, Any]]] = {}
+        self._finish_times: deque[float] = deque(maxlen=FINISH_TIMES)
+        self._runs = RunMetricsTable()
         self._freed_bytes = 0  # payload bytes deleted since the last malloc_trim
         self._trimming: asyncio.Future[int] | None = None
         self.trims = 0
@@ -78,6 +89,7 @@ class MemoryStore(Store):
             stored = self._rollouts.setdefault(rollout.rollout_id, rollout)
             if stored is rollout:
                 self._events[rollout.rollout_id] = []
+                self._history[rollout.rollout_id] = [status_change(rollout)]
             out.append(stored)
         return out
 
@@ -99,8 +111,12 @@ class MemoryStore(Store):
             raise RolloutNotFound(rollout_id)
         updated = apply_patch(current, patch, now)
         self._rollouts[rollout_id] = updated
+        history = self._history[rollout_id]
+        if len(history) < MAX_STATUS_CHANGES:
+            history.append(status_change(updated))
         if updated.status.state.is_terminal and not current.status.state.is_terminal:
             self._mark_terminal(rollout_id)
+            self._finish_times.append(updated.status.updated_at)
         return updated
 
     def _mark_terminal(self, rollout_id: str) -> None:
@@ -115,6 +131,7 @@ class MemoryStore(Store):
             return False
         events = self._events.pop(rollout_id, None) or ()
         self._routes.pop(rollout_id, None)
+        self._history.pop(rollout_id, None)
         self._freed_bytes += sum(len(e.record.data) + len(e.record.triplet or b"") for e in events)
         if self._freed_bytes >= TRIM_AFTER_BYTES:
             self._give_back_memory()
@@ -224,3 +241,18 @@ class MemoryStore(Store):
 
     async def delete_models(self) -> None:
         self._models.clear()
+
+    async def status_history(self, rollout_id: str) -> list[dict[str, Any]]:
+        return list(self._history.get(rollout_id, ()))
+
+    async def count_finished_since(self, since: float) -> int:
+        return sum(1 for at in self._finish_times if at >= since)
+
+    async def add_run_points(self, run_id: str, points: list[MetricPoint]) -> int:
+        return self._runs.add(run_id, points)
+
+    async def list_runs(self) -> list[RunSummary]:
+        return self._runs.runs()
+
+    async def run_points(self, run_id: str, after_step: int = -1) -> list[MetricPoint] | None:
+        return self._runs.points(run_id, after_step)

@@ -15,23 +15,31 @@ Retry-After, never a bare 500); the pool drops its dead connections and reconnec
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection
 from functools import partial
 from typing import Any, TypeVar
 
 import asyncpg
+import orjson
 
 from agentlightning.log import get_logger
 from agentlightning.schemas import (
+    MetricPoint,
     Model,
     Rollout,
     RolloutState,
     RolloutStatusPatch,
+    RunSummary,
     TerminalItem,
     TerminalPage,
 )
 from agentlightning.server.store.base import (
+    MAX_POINTS_PER_RUN,
+    MAX_RUNS,
+    MAX_STATUS_CHANGES,
+    RUN_KEYS_FROM,
     AttemptStats,
     EventRecord,
     RolloutNotFound,
@@ -42,6 +50,7 @@ from agentlightning.server.store.base import (
     group_id_of,
 )
 from agentlightning.server.store.delta import CallDraft, CallIndex, View, materialize
+from agentlightning.server.store.runs import metric_points, run_summaries
 
 T = TypeVar("T")
 log = get_logger("store")
@@ -107,7 +116,38 @@ MIGRATIONS: list[str] = [
         seen_at timestamptz NOT NULL
     );
     """,
+    # 2: the dashboard's views, shared by the replicas: status history and training runs' metrics
+    """
+    CREATE TABLE status_changes (
+        rollout_id text NOT NULL REFERENCES rollouts(rollout_id) ON DELETE CASCADE,
+        version integer NOT NULL,
+        state text NOT NULL,
+        at double precision NOT NULL,
+        attempt_id text,
+        error_message text,
+        PRIMARY KEY (rollout_id, version)
+    );
+    CREATE INDEX status_changes_finished ON status_changes(at) WHERE state IN ('succeeded', 'failed');
+    CREATE TABLE runs (run_id text PRIMARY KEY, updated_at double precision NOT NULL);
+    CREATE TABLE run_points (
+        run_id text NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+        step bigint NOT NULL,
+        at double precision NOT NULL,
+        metrics bytea NOT NULL,                    -- {name: value} as JSON
+        PRIMARY KEY (run_id, step)
+    );
+    """,
 ]
+INSERT_STATUS_CHANGE = (
+    "INSERT INTO status_changes(rollout_id, version, state, at, attempt_id, error_message) "
+    "VALUES ($1,$2,$3,$4,$5,$6) ON CONFLICT DO NOTHING"
+)
+
+
+def _status_row(rollout: Rollout) -> tuple[Any, ...]:
+    s = rollout.status
+    return (rollout.rollout_id, s.version, s.state.value, s.updated_at, s.last_attempt_id, s.error_message)
+
 
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
@@ -302,6 +342,7 @@ class PostgresStore(Store):
                 )
                 if inserted is not None:
                     out.append(rollout)
+                    await conn.execute(INSERT_STATUS_CHANGE, *_status_row(rollout))
                 else:
                     body = await conn.fetchval("SELECT body FROM rollouts WHERE rollout_id=$1", row[0])
                     out.append(Rollout.model_validate_json(body))
@@ -395,6 +436,8 @@ class PostgresStore(Store):
                 terminal_seq,
                 rollout_id,
             )
+            if updated.status.version <= MAX_STATUS_CHANGES:
+                await conn.execute(INSERT_STATUS_CHANGE, *_status_row(updated))
             await self._notify(conn, "terminal" if finished else "patch", rollout_id)
             return updated
 
@@ -591,6 +634,89 @@ class PostgresStore(Store):
             await self._notify(conn, "models")
 
         await self._write(op)
+
+    # --- the dashboard's views --------------------------------------------------------------
+
+    async def status_history(self, rollout_id: str) -> list[dict[str, Any]]:
+        rows = await self._read(
+            lambda c: c.fetch(
+                "SELECT state, version, at, attempt_id, error_message FROM status_changes "
+                "WHERE rollout_id=$1 ORDER BY version",
+                rollout_id,
+            )
+        )
+        return [dict(r) for r in rows]
+
+    async def count_finished_since(self, since: float) -> int:
+        n: int = await self._read(
+            lambda c: c.fetchval(
+                "SELECT count(*) FROM status_changes WHERE state IN ('succeeded', 'failed') AND at >= $1",
+                since,
+            )
+        )
+        return n
+
+    async def add_run_points(self, run_id: str, points: list[MetricPoint]) -> int:
+        at = time.time()
+        rows = [(p.step, p.time if p.time is not None else at, orjson.dumps(p.metrics)) for p in points]
+
+        async def op(conn: asyncpg.Connection) -> int:
+            await conn.execute(
+                "INSERT INTO runs(run_id, updated_at) VALUES ($1,$2) "
+                "ON CONFLICT (run_id) DO UPDATE SET updated_at=excluded.updated_at",
+                run_id,
+                at,
+            )
+            for step, when, metrics in rows:
+                await conn.execute("DELETE FROM run_points WHERE run_id=$1 AND step>=$2", run_id, step)
+                await conn.execute("INSERT INTO run_points VALUES ($1,$2,$3,$4)", run_id, step, when, metrics)
+            n: int = await conn.fetchval("SELECT count(*) FROM run_points WHERE run_id=$1", run_id)
+            if n > MAX_POINTS_PER_RUN:
+                await conn.execute(
+                    "DELETE FROM run_points WHERE run_id=$1 AND step IN "
+                    "(SELECT step FROM run_points WHERE run_id=$1 ORDER BY step LIMIT $2)",
+                    run_id,
+                    n - MAX_POINTS_PER_RUN,
+                )
+                n = MAX_POINTS_PER_RUN
+            await conn.execute(
+                "DELETE FROM runs WHERE run_id IN (SELECT run_id FROM runs ORDER BY updated_at DESC OFFSET $1)",
+                MAX_RUNS,
+            )
+            return n
+
+        return await self._write(op)
+
+    async def list_runs(self) -> list[RunSummary]:
+        async def op(c: asyncpg.Connection) -> tuple[list[Any], list[Any]]:
+            runs = await c.fetch(
+                "SELECT r.run_id, r.updated_at, count(p.step), max(p.step) FROM runs r "
+                "LEFT JOIN run_points p ON p.run_id = r.run_id GROUP BY r.run_id ORDER BY r.updated_at DESC"
+            )
+            last = await c.fetch(
+                "SELECT run_id, metrics FROM (SELECT run_id, metrics, "
+                "row_number() OVER (PARTITION BY run_id ORDER BY step DESC) AS n FROM run_points) AS recent "
+                "WHERE n <= $1",
+                RUN_KEYS_FROM,
+            )
+            return runs, last
+
+        runs, last = await self._read(op)
+        return run_summaries(runs, last)
+
+    async def run_points(self, run_id: str, after_step: int = -1) -> list[MetricPoint] | None:
+        async def op(c: asyncpg.Connection) -> list[Any] | None:
+            if await c.fetchval("SELECT 1 FROM runs WHERE run_id=$1", run_id) is None:
+                return None
+            rows: list[Any] = await c.fetch(
+                "SELECT step, at, metrics FROM run_points WHERE run_id=$1 AND step>$2 ORDER BY step",
+                run_id,
+                after_step,
+            )
+            return rows
+
+        rows = await self._read(op)
+        return None if rows is None else metric_points(rows)
 
     # --- the proxy's pause state and the replicas' in-flight counts (server/replicas.py) --
 

@@ -22,16 +22,24 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+import orjson
+
 from agentlightning.log import get_logger
 from agentlightning.schemas import (
+    MetricPoint,
     Model,
     Rollout,
     RolloutState,
     RolloutStatusPatch,
+    RunSummary,
     TerminalItem,
     TerminalPage,
 )
 from agentlightning.server.store.base import (
+    MAX_POINTS_PER_RUN,
+    MAX_RUNS,
+    MAX_STATUS_CHANGES,
+    RUN_KEYS_FROM,
     AttemptStats,
     EventRecord,
     RolloutNotFound,
@@ -41,9 +49,11 @@ from agentlightning.server.store.base import (
     group_id_of,
 )
 from agentlightning.server.store.delta import CallDraft, CallIndex, View, materialize
+from agentlightning.server.store.runs import metric_points, run_summaries
 
 T = TypeVar("T")
-SCHEMA_VERSION = 2  # 2: events.call (model calls stored as deltas, store/delta.py)
+# 2: events.call (model calls stored as deltas, store/delta.py); 3: status_changes, runs, run_points
+SCHEMA_VERSION = 3
 MAX_BATCH = 1024
 CHECKPOINT_INTERVAL_S = 0.5
 CHECKPOINT_BUSY_MS = 1000  # longest a TRUNCATE checkpoint holds writers back
@@ -88,7 +98,35 @@ CREATE TABLE IF NOT EXISTS models (
     version INTEGER NOT NULL,
     PRIMARY KEY (model, endpoint)
 );
+CREATE TABLE IF NOT EXISTS status_changes (  -- the dashboard's status history of each rollout
+    rollout_id TEXT NOT NULL REFERENCES rollouts(rollout_id) ON DELETE CASCADE,
+    version INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    at REAL NOT NULL,
+    attempt_id TEXT,
+    error_message TEXT,
+    PRIMARY KEY (rollout_id, version)
+);
+CREATE INDEX IF NOT EXISTS status_changes_finished ON status_changes(at)
+    WHERE state IN ('succeeded', 'failed');
+CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, updated_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS run_points (      -- training runs' metrics, one row a step
+    run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+    step INTEGER NOT NULL,
+    at REAL NOT NULL,
+    metrics BLOB NOT NULL,                   -- {name: value} as JSON
+    PRIMARY KEY (run_id, step)
+);
 """
+INSERT_STATUS_CHANGE = (
+    "INSERT OR IGNORE INTO status_changes(rollout_id, version, state, at, attempt_id, error_message) "
+    "VALUES (?,?,?,?,?,?)"
+)
+
+
+def _status_row(rollout: Rollout) -> tuple[Any, ...]:
+    s = rollout.status
+    return (rollout.rollout_id, s.version, s.state.value, s.updated_at, s.last_attempt_id, s.error_message)
 
 
 class StoreLocked(RuntimeError):
@@ -390,7 +428,7 @@ class SqliteStore(Store):
             has_tables = init.execute("SELECT count(*) FROM sqlite_master WHERE name='rollouts'").fetchone()[
                 0
             ]
-            if has_tables and version not in (1, SCHEMA_VERSION):
+            if has_tables and version not in (1, 2, SCHEMA_VERSION):
                 raise RuntimeError(
                     f"{self.path} has store schema version {version}, this Gateway needs {SCHEMA_VERSION}"
                 )
@@ -478,6 +516,7 @@ class SqliteStore(Store):
                 )
                 if cur.rowcount:
                     out.append(rollout)
+                    conn.execute(INSERT_STATUS_CHANGE, _status_row(rollout))
                 else:
                     body = conn.execute("SELECT body FROM rollouts WHERE rollout_id=?", (row[0],)).fetchone()[
                         0
@@ -560,6 +599,8 @@ class SqliteStore(Store):
                 "UPDATE rollouts SET state=?, body=?, terminal_seq=coalesce(?, terminal_seq) WHERE rollout_id=?",
                 (updated.status.state.value, updated.model_dump_json().encode(), terminal_seq, rollout_id),
             )
+            if updated.status.version <= MAX_STATUS_CHANGES:
+                conn.execute(INSERT_STATUS_CHANGE, _status_row(updated))
             return updated
 
         return await self._write(op, savepoint=False)
@@ -692,3 +733,84 @@ class SqliteStore(Store):
 
     async def delete_models(self) -> None:
         await self._write(lambda conn: conn.execute("DELETE FROM models") and None)
+
+    # --- the dashboard's views --------------------------------------------------------------
+
+    async def status_history(self, rollout_id: str) -> list[dict[str, Any]]:
+        rows = await self._read(
+            lambda c: c.execute(
+                "SELECT state, version, at, attempt_id, error_message FROM status_changes "
+                "WHERE rollout_id=? ORDER BY version",
+                (rollout_id,),
+            ).fetchall()
+        )
+        keys = ("state", "version", "at", "attempt_id", "error_message")
+        return [dict(zip(keys, row, strict=True)) for row in rows]
+
+    async def count_finished_since(self, since: float) -> int:
+        n: int = await self._read(
+            lambda c: c.execute(
+                "SELECT count(*) FROM status_changes WHERE state IN ('succeeded', 'failed') AND at >= ?",
+                (since,),
+            ).fetchone()[0]
+        )
+        return n
+
+    async def add_run_points(self, run_id: str, points: list[MetricPoint]) -> int:
+        at = time.time()
+        rows = [(p.step, p.time if p.time is not None else at, orjson.dumps(p.metrics)) for p in points]
+
+        def op(conn: sqlite3.Connection) -> int:
+            conn.execute(
+                "INSERT INTO runs(run_id, updated_at) VALUES (?,?) "
+                "ON CONFLICT(run_id) DO UPDATE SET updated_at=excluded.updated_at",
+                (run_id, at),
+            )
+            for step, when, metrics in rows:
+                conn.execute("DELETE FROM run_points WHERE run_id=? AND step>=?", (run_id, step))
+                conn.execute("INSERT INTO run_points VALUES (?,?,?,?)", (run_id, step, when, metrics))
+            n: int = conn.execute("SELECT count(*) FROM run_points WHERE run_id=?", (run_id,)).fetchone()[0]
+            if n > MAX_POINTS_PER_RUN:
+                conn.execute(
+                    "DELETE FROM run_points WHERE run_id=? AND step IN "
+                    "(SELECT step FROM run_points WHERE run_id=? ORDER BY step LIMIT ?)",
+                    (run_id, run_id, n - MAX_POINTS_PER_RUN),
+                )
+                n = MAX_POINTS_PER_RUN
+            conn.execute(
+                "DELETE FROM runs WHERE run_id IN "
+                "(SELECT run_id FROM runs ORDER BY updated_at DESC LIMIT -1 OFFSET ?)",
+                (MAX_RUNS,),
+            )
+            return n
+
+        return await self._write(op)
+
+    async def list_runs(self) -> list[RunSummary]:
+        def op(c: sqlite3.Connection) -> tuple[list[Any], list[Any]]:
+            runs = c.execute(
+                "SELECT r.run_id, r.updated_at, count(p.step), max(p.step) FROM runs r "
+                "LEFT JOIN run_points p ON p.run_id = r.run_id GROUP BY r.run_id ORDER BY r.updated_at DESC"
+            ).fetchall()
+            last = c.execute(
+                "SELECT run_id, metrics FROM (SELECT run_id, metrics, "
+                "row_number() OVER (PARTITION BY run_id ORDER BY step DESC) AS n FROM run_points) "
+                "WHERE n <= ?",
+                (RUN_KEYS_FROM,),
+            ).fetchall()
+            return runs, last
+
+        runs, last = await self._read(op)
+        return run_summaries(runs, last)
+
+    async def run_points(self, run_id: str, after_step: int = -1) -> list[MetricPoint] | None:
+        def op(c: sqlite3.Connection) -> list[Any] | None:
+            if c.execute("SELECT 1 FROM runs WHERE run_id=?", (run_id,)).fetchone() is None:
+                return None
+            return c.execute(
+                "SELECT step, at, metrics FROM run_points WHERE run_id=? AND step>? ORDER BY step",
+                (run_id, after_step),
+            ).fetchall()
+
+        rows = await self._read(op)
+        return None if rows is None else metric_points(rows)

@@ -28,6 +28,11 @@ TIMED_OPS = (
     "upsert_models",
     "list_models",
     "delete_models",
+    "status_history",
+    "count_finished_since",
+    "add_run_points",
+    "list_runs",
+    "run_points",
 )
 
 

@@ -1,18 +1,20 @@
-"""Training runs' metrics, posted by trainers for the dashboard's training page.
+"""Training runs' metrics, posted by trainers for the dashboard's training page: the memory
+store's table (SQLite and Postgres keep them in tables of their own, with the same bounds).
 
-Kept in the Gateway's memory, bounded: the trainer's own sinks (metrics.jsonl, TensorBoard,
-W&B) are the record; this is the live view. A Gateway restart starts it empty.
+The trainer's own sinks (metrics.jsonl, TensorBoard, W&B) are the record; this is the live view.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
 
 from agentlightning.schemas import MetricPoint, RunSummary
-
-MAX_RUNS = 64
-MAX_POINTS_PER_RUN = 100_000
+from agentlightning.server.store.base import MAX_POINTS_PER_RUN, MAX_RUNS, RUN_KEYS_FROM
 
 
 class RunMetricsTable:
@@ -47,7 +49,7 @@ class RunMetricsTable:
     def runs(self) -> list[RunSummary]:
         out = []
         for run_id, series in self._runs.items():
-            keys = sorted({k for p in series[-50:] for k in p.metrics})
+            keys = sorted({k for p in series[-RUN_KEYS_FROM:] for k in p.metrics})
             out.append(
                 RunSummary(
                     run_id=run_id,
@@ -64,3 +66,29 @@ class RunMetricsTable:
         if series is None:
             return None
         return [p for p in series if p.step > after_step]
+
+
+# --- for the SQL stores: rows to the API's types ---------------------------------------------
+
+
+def run_summaries(runs: Sequence[Sequence[Any]], last: Sequence[Sequence[Any]]) -> list[RunSummary]:
+    """`runs`: (run_id, updated_at, n_points, last_step), newest first; `last`: (run_id, metrics
+    JSON) of each run's last RUN_KEYS_FROM points."""
+    keys: dict[str, set[str]] = {}
+    for run_id, metrics in last:
+        keys.setdefault(run_id, set()).update(orjson.loads(metrics))
+    return [
+        RunSummary(
+            run_id=run_id,
+            n_points=n,
+            last_step=last_step,
+            updated_at=updated_at,
+            keys=sorted(keys.get(run_id, ())),
+        )
+        for run_id, updated_at, n, last_step in runs
+    ]
+
+
+def metric_points(rows: Sequence[Sequence[Any]]) -> list[MetricPoint]:
+    """(step, time, metrics JSON) rows as points."""
+    return [MetricPoint(step=step, time=at, metrics=orjson.loads(metrics)) for step, at, metrics in rows]
