@@ -81,7 +81,7 @@ HARNESSES = [
         {"baker makes": "24 + 18 - 35", "Tom reads": "12 * 9 + 20 * 3", "6 rows of 8": "6 * 8 * 3 / 16"},
     ),
     Harness(
-        "OpenAI Agents SDK (OpenAIChatCompletionsModel)",
+        "OpenAI Agents SDK, its default model (Responses API)",
         "openai_agents",
         "agents_sdk_agent:AgentsSdkAgent",
         CALC_ENV,
