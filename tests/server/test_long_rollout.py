@@ -30,18 +30,13 @@ TOOLS = [{"type": "function", "name": "shell", "parameters": {"type": "object"}}
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeModelServer]:
-    with FakeModelServer() as server:
-        server.state.scale_out = True
-        yield server
-
-
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory, fake: FakeModelServer) -> Iterator[RunningGateway]:
+def gateway(
+    tmp_path_factory: pytest.TempPathFactory, scale_out_fake: FakeModelServer
+) -> Iterator[RunningGateway]:
     gw = start_gateway(tmp_path_factory.mktemp("long"), KEY)
     try:
         with GatewayClient(gw.url, KEY) as c:
-            c.register_models([Model(model="policy", endpoint=fake.base_url, version=1)])
+            c.register_models([Model(model="policy", endpoint=scale_out_fake.base_url, version=1)])
         yield gw
     finally:
         gw.process.stop()
@@ -80,10 +75,10 @@ def stored_bytes(gateway: RunningGateway, rollout_id: str) -> int:
 
 
 def test_a_40_call_rollout_past_32k_tokens_is_one_exact_row_stored_as_its_unique_tokens(
-    gateway: RunningGateway, fake: FakeModelServer
+    gateway: RunningGateway, scale_out_fake: FakeModelServer
 ) -> None:
-    fake.state.reset()
-    fake.script(
+    scale_out_fake.state.reset()
+    scale_out_fake.script(
         Reply(content="", tool_calls=[ToolCall("shell", WRITTEN)], times=CALLS - 1),
         Reply(content="all parts read"),
     )

@@ -35,15 +35,8 @@ def compact(arguments: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def fake() -> Iterator[FakeModelServer]:
-    with FakeModelServer() as server:
-        server.state.scale_out = True
-        yield server
-
-
-@pytest.fixture(scope="module")
 def gateways(
-    tmp_path_factory: pytest.TempPathFactory, fake: FakeModelServer
+    tmp_path_factory: pytest.TempPathFactory, scale_out_fake: FakeModelServer
 ) -> Iterator[dict[str, RunningGateway]]:
     started = {
         "exact": start_gateway(tmp_path_factory.mktemp("exact"), KEY),
@@ -52,7 +45,7 @@ def gateways(
     try:
         for gw in started.values():
             with GatewayClient(gw.url, KEY) as c:
-                c.register_models([Model(model="policy", endpoint=fake.base_url, version=1)])
+                c.register_models([Model(model="policy", endpoint=scale_out_fake.base_url, version=1)])
         yield started
     finally:
         for gw in started.values():
@@ -145,11 +138,13 @@ LOOPS = {"chat.completions": chat_loop, "responses": responses_loop, "anthropic.
 
 @pytest.mark.parametrize("api", list(LOOPS))
 def test_a_re_serialized_tool_call_keeps_the_rollout_one_row(
-    gateways: dict[str, RunningGateway], fake: FakeModelServer, api: str
+    gateways: dict[str, RunningGateway], scale_out_fake: FakeModelServer, api: str
 ) -> None:
     for stream in (False, True):
-        fake.state.reset()
-        fake.script(Reply(content="", tool_calls=[ToolCall("calc", WRITTEN)]), Reply(content="it is 9"))
+        scale_out_fake.state.reset()
+        scale_out_fake.script(
+            Reply(content="", tool_calls=[ToolCall("calc", WRITTEN)]), Reply(content="it is 9")
+        )
         rollout = Rollout(gateways["exact"])
         assert LOOPS[api](rollout, stream) == "it is 9"
         first, second = rollout.events()
@@ -159,12 +154,12 @@ def test_a_re_serialized_tool_call_keeps_the_rollout_one_row(
             "first": True,
         }
         assert second["segment"] == {"continues": True, "token_exact": True} and second["stream"] is stream
-        assert [r["path"] for r in fake.requests] == [
+        assert [r["path"] for r in scale_out_fake.requests] == [
             "/v1/chat/completions/render",
             "/inference/v1/generate",
             "/v1/chat/completions/derender",
         ] * 2
-        render, generate = fake.requests[3]["body"], fake.requests[4]["body"]
+        render, generate = scale_out_fake.requests[3]["body"], scale_out_fake.requests[4]["body"]
         # The prompt the model saw: the first call's prompt and answer as generated, then what is new.
         sequence = first["response"]["prompt_token_ids"] + first["response"]["choices"][0]["token_ids"]
         assert generate["token_ids"][: len(sequence)] == sequence
@@ -177,8 +172,8 @@ def test_a_re_serialized_tool_call_keeps_the_rollout_one_row(
         assert row.n_calls == 2 and row.rollout_log_probs is not None
 
     # Pass-through: the same loop re-rendered by the server breaks, and says where and why.
-    fake.state.reset()
-    fake.script(Reply(content="", tool_calls=[ToolCall("calc", WRITTEN)]), Reply(content="it is 9"))
+    scale_out_fake.state.reset()
+    scale_out_fake.script(Reply(content="", tool_calls=[ToolCall("calc", WRITTEN)]), Reply(content="it is 9"))
     rollout = Rollout(gateways["pass"])
     assert LOOPS[api](rollout, False) == "it is 9"
     first, second = rollout.events()
@@ -191,10 +186,12 @@ def test_a_re_serialized_tool_call_keeps_the_rollout_one_row(
 
 
 def test_a_compacted_history_starts_a_new_segment(
-    gateways: dict[str, RunningGateway], fake: FakeModelServer
+    gateways: dict[str, RunningGateway], scale_out_fake: FakeModelServer
 ) -> None:
-    fake.state.reset()
-    fake.script(Reply(content="step one"), Reply(content="step two"), Reply(content="from the summary"))
+    scale_out_fake.state.reset()
+    scale_out_fake.script(
+        Reply(content="step one"), Reply(content="step two"), Reply(content="from the summary")
+    )
     rollout = Rollout(gateways["exact"])
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "be brief"},

@@ -96,6 +96,13 @@ def status_change(rollout: Rollout) -> dict[str, Any]:
     }
 
 
+def status_row(rollout: Rollout) -> tuple[Any, ...]:
+    """A status change as the SQL stores' `status_changes` row: (rollout_id, version, state, at,
+    attempt_id, error_message)."""
+    s = rollout.status
+    return (rollout.rollout_id, s.version, s.state.value, s.updated_at, s.last_attempt_id, s.error_message)
+
+
 def apply_patch(rollout: Rollout, patch: RolloutStatusPatch, now: float) -> Rollout:
     """The patched copy of a rollout, version + 1. Raises IllegalTransition."""
     status = rollout.status

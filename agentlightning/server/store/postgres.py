@@ -48,6 +48,7 @@ from agentlightning.server.store.base import (
     StoreUnavailable,
     apply_patch,
     group_id_of,
+    status_row,
 )
 from agentlightning.server.store.delta import CallDraft, CallIndex, View, materialize
 from agentlightning.server.store.runs import metric_points, run_summaries
@@ -142,11 +143,6 @@ INSERT_STATUS_CHANGE = (
     "INSERT INTO status_changes(rollout_id, version, state, at, attempt_id, error_message) "
     "VALUES ($1,$2,$3,$4,$5,$6) ON CONFLICT DO NOTHING"
 )
-
-
-def _status_row(rollout: Rollout) -> tuple[Any, ...]:
-    s = rollout.status
-    return (rollout.rollout_id, s.version, s.state.value, s.updated_at, s.last_attempt_id, s.error_message)
 
 
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
@@ -342,7 +338,7 @@ class PostgresStore(Store):
                 )
                 if inserted is not None:
                     out.append(rollout)
-                    await conn.execute(INSERT_STATUS_CHANGE, *_status_row(rollout))
+                    await conn.execute(INSERT_STATUS_CHANGE, *status_row(rollout))
                 else:
                     body = await conn.fetchval("SELECT body FROM rollouts WHERE rollout_id=$1", row[0])
                     out.append(Rollout.model_validate_json(body))
@@ -437,7 +433,7 @@ class PostgresStore(Store):
                 rollout_id,
             )
             if updated.status.version <= MAX_STATUS_CHANGES:
-                await conn.execute(INSERT_STATUS_CHANGE, *_status_row(updated))
+                await conn.execute(INSERT_STATUS_CHANGE, *status_row(updated))
             await self._notify(conn, "terminal" if finished else "patch", rollout_id)
             return updated
 

@@ -47,6 +47,7 @@ from agentlightning.server.store.base import (
     StoredEvent,
     apply_patch,
     group_id_of,
+    status_row,
 )
 from agentlightning.server.store.delta import CallDraft, CallIndex, View, materialize
 from agentlightning.server.store.runs import metric_points, run_summaries
@@ -122,11 +123,6 @@ INSERT_STATUS_CHANGE = (
     "INSERT OR IGNORE INTO status_changes(rollout_id, version, state, at, attempt_id, error_message) "
     "VALUES (?,?,?,?,?,?)"
 )
-
-
-def _status_row(rollout: Rollout) -> tuple[Any, ...]:
-    s = rollout.status
-    return (rollout.rollout_id, s.version, s.state.value, s.updated_at, s.last_attempt_id, s.error_message)
 
 
 class StoreLocked(RuntimeError):
@@ -516,7 +512,7 @@ class SqliteStore(Store):
                 )
                 if cur.rowcount:
                     out.append(rollout)
-                    conn.execute(INSERT_STATUS_CHANGE, _status_row(rollout))
+                    conn.execute(INSERT_STATUS_CHANGE, status_row(rollout))
                 else:
                     body = conn.execute("SELECT body FROM rollouts WHERE rollout_id=?", (row[0],)).fetchone()[
                         0
@@ -600,7 +596,7 @@ class SqliteStore(Store):
                 (updated.status.state.value, updated.model_dump_json().encode(), terminal_seq, rollout_id),
             )
             if updated.status.version <= MAX_STATUS_CHANGES:
-                conn.execute(INSERT_STATUS_CHANGE, _status_row(updated))
+                conn.execute(INSERT_STATUS_CHANGE, status_row(updated))
             return updated
 
         return await self._write(op, savepoint=False)
