@@ -144,13 +144,20 @@ def test_long_polls_wake_on_changes_made_through_the_other_replica(
         assert failed.result().headers["X-Agl-Long-Poll"] == "true"
 
 
+def start_attempt(gw: RunningGateway, rollout_id: str, attempt_id: str = "a1") -> str:
+    """The rollout running its attempt, and that attempt's agent token."""
+    status = {"state": "running", "last_attempt_id": attempt_id}
+    api(gw, "PATCH", f"/api/rollouts/{rollout_id}", json={"status": status})
+    body = {"rollout_id": rollout_id, "attempt_id": attempt_id}
+    return str(api(gw, "POST", "/api/agent-tokens", json=body).json()["token"])
+
+
 def test_deletes_and_token_revocation_reach_the_other_replica(
     pair: tuple[RunningGateway, RunningGateway], models: FakeModelServer
 ) -> None:
     a, b = pair
     rid = new_rollout(a)
-    api(a, "PATCH", f"/api/rollouts/{rid}", json={"status": {"state": "running", "last_attempt_id": "a1"}})
-    token = api(a, "POST", "/api/agent-tokens", json={"rollout_id": rid, "attempt_id": "a1"}).json()["token"]
+    token = start_attempt(a, rid)
     assert call(b, rid, key=token).status_code == 200  # B now holds the token as live, the rollout as known
     # A moves the rollout to another attempt: B refuses the old attempt's token.
     api(a, "PATCH", f"/api/rollouts/{rid}", json={"status": {"last_attempt_id": "a2"}})
@@ -208,8 +215,7 @@ def test_a_rollout_deleted_and_created_again_through_one_replica_is_new_on_the_o
 ) -> None:
     a, b = pair
     rid = new_rollout(a)
-    api(a, "PATCH", f"/api/rollouts/{rid}", json={"status": {"state": "running", "last_attempt_id": "a1"}})
-    old = api(a, "POST", "/api/agent-tokens", json={"rollout_id": rid, "attempt_id": "a1"}).json()["token"]
+    old = start_attempt(a, rid)
     # B learns the rollout as known, the token as live, the attempt's call history.
     assert call(b, rid, key=old).status_code == 200
     reward = {"event_type": "reward", "data": {"value": 0.0}}
