@@ -63,7 +63,7 @@ def wants_usage_chunk(body: dict[str, Any]) -> bool:
 def pick_endpoint(endpoints: list[Model], rollout_id: str) -> Model | None:
     """Sticky routing: `sha256(rollout_id)` over the endpoints sorted by URL, so all calls of a
     rollout reach the same server (and its prefix cache)."""
-    if not endpoints:
-        return None
+    if len(endpoints) < 2:
+        return endpoints[0] if endpoints else None
     digest = hashlib.sha256(rollout_id.encode()).digest()
     return endpoints[int.from_bytes(digest[:8], "big") % len(endpoints)]
