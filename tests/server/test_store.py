@@ -18,7 +18,7 @@ from agentlightning.schemas import (
     RolloutState,
     RolloutStatusPatch,
 )
-from agentlightning.server.events import UnencodableEvent, make_record
+from agentlightning.server.events import UnencodableEvent, make_record, render_events
 from agentlightning.server.store import (
     MemoryStore,
     RolloutNotFound,
@@ -27,8 +27,10 @@ from agentlightning.server.store import (
     StoreLocked,
     store_from_url,
 )
+from agentlightning.server.store import delta as delta_mod
 from agentlightning.server.store.postgres import DEAD_REPLICA_S, MIGRATIONS, PostgresStore
 from tests import postgres
+from tests.server.test_store_delta import long_conversation
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
@@ -385,3 +387,41 @@ async def test_a_version_1_postgres_schema_is_migrated_to_the_dashboard_tables()
         assert [r.run_id for r in await store.list_runs()] == ["exp"]
     finally:
         await store.close()
+
+
+async def test_a_call_to_a_rollout_created_again_elsewhere_is_stored_whole_not_against_its_dead_calls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Replica B remembers a rollout's calls; A deletes the rollout and creates it again under its
+    id; before B hears of the delete, the same attempt id sends B a call extending the old one. It
+    must not be stored as a delta against the deleted calls (its reads would fail): it is stored
+    whole, and the next call extends it."""
+    monkeypatch.setattr(delta_mod, "MIN_PROMPT_IDS", 0)
+    a = store_from_url(postgres.new_database())
+    assert isinstance(a, PostgresStore)
+    b = store_from_url(a.url)
+    assert isinstance(b, PostgresStore)
+    for s in (a, b):
+        await s.open()
+    deliver = b._on_notify
+    b._on_notify = lambda conn, pid, channel, payload: (  # type: ignore[method-assign]  # B has not heard yet
+        None if " delete " in payload else deliver(conn, pid, channel, payload)
+    )
+    first, second, third = long_conversation(3, first=40, turn=5)
+    try:
+        await a.create_rollouts([Rollout(rollout_id="r", input={})])
+        await b.append_event(make_record("r", "a1", "model_request", first, 1.0))
+        await a.delete_rollout("r")
+        await a.create_rollouts([Rollout(rollout_id="r", input={})])
+        seq = await b.append_event(make_record("r", "a1", "model_request", second, 2.0))
+        await b.append_event(make_record("r", "a1", "model_request", third, 3.0))
+        rows = await a._read(
+            lambda c: c.fetch("SELECT seq, call FROM events WHERE rollout_id='r' ORDER BY seq")
+        )
+        assert rows[0][0] == seq
+        assert [delta_mod.bases_of(bytes(r[1])) for r in rows] == [set(), {seq}]
+        events = orjson.loads(render_events(await b.list_events("r", "a1")))
+        assert [e["data"] for e in events] == [second, third]
+    finally:
+        for s in (a, b):
+            await s.close()

@@ -468,6 +468,12 @@ def _decode(blob: bytes) -> _Decoded:
     return _Decoded(flags, tok_base, tok_shared, suffix, response, log_probs, slots)
 
 
+def bases_of(blob: bytes) -> set[int]:
+    """The earlier calls a stored call refers to (its prompt's and its lists' bases)."""
+    d = _decode(blob)
+    return {b for b in (d.tok_base, *(slot.base for slot in d.slots.values())) if b}
+
+
 class _Calls:
     """The decoded calls of one read, and their prompts and messages rebuilt on demand."""
 

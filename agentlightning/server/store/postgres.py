@@ -50,7 +50,7 @@ from agentlightning.server.store.base import (
     group_id_of,
     status_row,
 )
-from agentlightning.server.store.delta import CallDraft, CallIndex, View, materialize
+from agentlightning.server.store.delta import CallDraft, CallIndex, View, bases_of, materialize
 from agentlightning.server.store.runs import metric_points, run_summaries
 
 T = TypeVar("T")
@@ -139,6 +139,22 @@ MIGRATIONS: list[str] = [
     );
     """,
 ]
+
+
+class StaleBase(RuntimeError):
+    """A call stored as a delta against calls that are gone (their rollout was deleted)."""
+
+
+async def _check_bases(conn: asyncpg.Connection, bases: list[int]) -> None:
+    """After the insert, in its transaction: the calls the new ones refer to still exist. After,
+    not before: the insert found the rollout's row, so a delete of its earlier incarnation had
+    committed and is seen here."""
+    if bases:
+        found = await conn.fetchval("SELECT count(*) FROM events WHERE seq = ANY($1::bigint[])", bases)
+        if found != len(bases):
+            raise StaleBase("a stored call refers to calls of a deleted rollout")
+
+
 INSERT_STATUS_CHANGE = (
     "INSERT INTO status_changes(rollout_id, version, state, at, attempt_id, error_message) "
     "VALUES ($1,$2,$3,$4,$5,$6) ON CONFLICT DO NOTHING"
@@ -468,16 +484,30 @@ class PostgresStore(Store):
 
     async def append_event(self, record: EventRecord) -> int:
         pending = None
-        if isinstance(record.call, CallDraft):
-            record, pending = self._calls.encode(record, record.call)
+        draft = record.call
+        if isinstance(draft, CallDraft):
+            encoded, pending = self._calls.encode(record, draft)
+        else:
+            encoded = record
+        try:
+            seq = await self._submit(encoded)
+        except StaleBase:
+            # Another replica deleted the rollout and it was created again under its id before
+            # this one heard of the delete: its calls are gone. Stored whole, a new chain starts.
+            assert isinstance(draft, CallDraft)
+            self._calls.forget(record.rollout_id)
+            encoded, pending = self._calls.encode(record, draft)
+            seq = await self._submit(encoded)
+        if pending is not None:
+            self._calls.remember(pending, seq)
+        return seq
+
+    async def _submit(self, record: EventRecord) -> int:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._pending.append((record, future))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
-        seq = await future
-        if pending is not None:
-            self._calls.remember(pending, seq)
-        return seq
+        return await future
 
     async def _flush(self) -> None:
         """Insert queued appends, many in one transaction, until none are left."""
@@ -525,6 +555,7 @@ class PostgresStore(Store):
             for seq, r in zip(seqs, records, strict=True)
         ]
         insert = "INSERT INTO events(seq, rollout_id, attempt_id, event_type, ts, data, triplet, prompt_key, call) "
+        bases = [sorted(bases_of(r.call)) if isinstance(r.call, bytes) else [] for r in records]
         try:
             async with conn.transaction():  # a savepoint: a missing rollout fails only its own rows
                 await conn.execute(
@@ -532,17 +563,21 @@ class PostgresStore(Store):
                     "$5::float8[], $6::bytea[], $7::bytea[], $8::text[], $9::bytea[])",
                     *(list(column) for column in zip(*rows, strict=True)),
                 )
+                await _check_bases(conn, sorted({b for row_bases in bases for b in row_bases}))
             return list(seqs)
-        except asyncpg.ForeignKeyViolationError:
+        except (asyncpg.ForeignKeyViolationError, StaleBase):
             pass
         results: list[int | BaseException] = []
-        for row in rows:
+        for row, row_bases in zip(rows, bases, strict=True):
             try:
                 async with conn.transaction():
                     await conn.execute(insert + "VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)", *row)
+                    await _check_bases(conn, row_bases)
                 results.append(row[0])
             except asyncpg.ForeignKeyViolationError:
                 results.append(RolloutNotFound(row[1]))
+            except StaleBase as exc:
+                results.append(exc)
         return results
 
     async def list_events(
