@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from agentlightning import __version__
 from agentlightning.log import get_logger
-from agentlightning.openai_shapes import SSE_DONE, error_body, sse_event, usage
+from agentlightning.openai_server.shapes import SSE_DONE, error_body, sse_event, usage
 from agentlightning.torch_backend.engine import (
     EngineError,
     RequestStream,
