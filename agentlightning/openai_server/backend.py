@@ -63,10 +63,11 @@ class Call:
 @dataclass
 class Answer:
     """A JSON answer (`body`), or a stream (`chunks`: each one server-sent event, a dict as JSON or
-    pre-framed bytes; the server adds `data: [DONE]`)."""
+    pre-framed bytes, as they come or, from a test double, all made at once in a list; the server
+    adds `data: [DONE]`)."""
 
     body: Any = None
-    chunks: AsyncIterator[Any] | None = None
+    chunks: AsyncIterator[Any] | list[Any] | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     status: int = 200
 

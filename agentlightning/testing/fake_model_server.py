@@ -51,7 +51,6 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, fields
 from typing import Any, Self
 
@@ -536,11 +535,6 @@ class _Call:
         return {"tool_calls": [{"index": i, "function": {"arguments": ""}}]}
 
 
-async def _each(chunks: list[bytes]) -> AsyncIterator[bytes]:
-    for chunk in chunks:
-        yield chunk
-
-
 class ToyBackend:
     """The toy model behind the one server: answers from the toy tokenizer and the script."""
 
@@ -570,7 +564,7 @@ class ToyBackend:
         if not toy.stream:
             return Answer(toy.response(answers))
         # The last chunk, [DONE], is the server's.
-        return Answer(chunks=_each(toy.chunks(answers)[:-1]))
+        return Answer(chunks=toy.chunks(answers)[:-1])
 
     def models(self) -> Answer:
         name = self.state.served_model_name or "fake"
