@@ -29,7 +29,7 @@ LAYERS: dict[str, str] = {
     "pgserver": "base",
     "wire": "base",
     "launch": "base",
-    "openai_shapes": "base",
+    "openai_server": "base",
     "rows": "rows",
     "aggregation": "rows",
     "rewards": "rows",

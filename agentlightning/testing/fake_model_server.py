@@ -10,9 +10,16 @@ Tokens come from a deterministic toy tokenizer (one token per word with its lead
 and a toy chat template that has the prefix property of real ones: the prompt of a follow-up
 call begins with the previous prompt followed by the previous answer's token ids.
 
-Replies are scriptable (`Reply`: content, tool calls, finish reason) and so are faults: an
-HTTP status, a delay before the answer or between chunks, a connection dropped before the
-answer or after N chunks, and named gates that hold a call until a test opens them.
+Replies are scriptable (`Reply`: content, tool calls, finish reason) and so are faults (a
+`Reply` is the one server's `Fault`): an HTTP status, a delay before the answer or between
+chunks, a connection dropped before the answer or after N chunks, and named gates that hold a
+call until a test opens them. `FakeState` holds the script, the request log and the gates; it
+is the fault hook of the one OpenAI server (`agentlightning.openai_server`), and `ToyBackend`
+is the model behind it. Another model can stand behind the same server with the same faults
+(`scripted_model.ScriptedChatModel` is this server with its `PolicyBackend`).
+
+Requests are validated as the torch engine's server validates them (a clear 400); `lenient=True`
+passes any JSON object through to the toy model.
 
 In-process, for tests::
 
@@ -29,10 +36,6 @@ With `state.scale_out` (`--scale-out`) it also serves vLLM's scale-out endpoints
 prompt ids), `POST /inference/v1/generate` (the scripted answer's ids and log-probs) and
 `POST /v1/chat/completions/derender` (those ids back into the chat message); without it they
 answer 403, as vLLM does without the flag.
-
-Another model can stand behind the same HTTP layer: a `Generator` answers chat and scale-out
-calls in place of the toy tokenizer (`scripted_model.ScriptedChatModel` is this server with one),
-while the routes, the request log and the scripted faults stay the server's.
 """
 
 from __future__ import annotations
@@ -40,21 +43,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import dataclasses
 import io
 import itertools
 import re
-import socket
 import threading
 import time
 import zlib
 from collections import deque
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol, Self
+from typing import Any, Self
 
 import orjson
 from aiohttp import web
 
-from agentlightning.openai_shapes import SSE_DONE, error_body, sse_event, usage
+from agentlightning.openai_server.app import OpenAIServer, error_response, json_response, serve
+from agentlightning.openai_server.app import build_app as build_openai_app
+from agentlightning.openai_server.backend import Answer, BadRequest, Call, Fault, ModelBackend
+from agentlightning.openai_server.shapes import SSE_DONE, sse_event, usage
 
 # --- toy tokenizer and chat template ---------------------------------------------------------
 
@@ -161,21 +167,14 @@ class ToolCall:
     arguments: str = "{}"  # a JSON string, as OpenAI sends it
 
 
-@dataclass
-class Reply:
-    """What the server answers to one call. Fields left at their defaults behave normally."""
+@dataclass(kw_only=True)
+class Reply(Fault):
+    """What the server answers to one call: its content and, as a `Fault`, what goes wrong
+    (status, delays, drops, gates). Fields left at their defaults behave normally."""
 
     content: str | None = None  # None: a default text derived from the prompt
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str | None = None  # default: stop, tool_calls, or length when max_tokens cut it
-    status: int | None = None  # answer with this HTTP status and an OpenAI error body
-    error_body: Any = None  # the body of that error answer, instead of the default one
-    delay: float = 0.0  # seconds before the answer starts
-    chunk_delay: float = 0.0  # seconds between streamed chunks
-    drop: bool = False  # close the connection without answering
-    drop_after_chunks: int | None = None  # streams: close the connection after this many chunks
-    gate: str | None = None  # hold the call until the gate of this name is opened
-    gate_after_chunks: int | None = None  # streams: hold at `gate` after this many chunks, not before
     when: str | None = None  # only for a call whose last message (or prompt) contains this text
     times: int = 1  # how many calls this reply answers
 
@@ -226,39 +225,20 @@ def _answer(reply: Reply, default_content: str, max_tokens: int | None) -> _Answ
     return _Answer(tokens, content, reply.tool_calls, reply.finish_reason or finish)
 
 
-# --- another model behind the same HTTP layer ------------------------------------------------
-
-
-class Generator(Protocol):
-    """A model that answers instead of the toy one (e.g. `scripted_model.PolicyGenerator`): non-streamed
-    chat and vLLM's scale-out calls, each a request body to an answer body. The server keeps the
-    routes, the request log and the scripted faults; a generator's exception answers 400."""
-
-    def chat(self, body: dict[str, Any]) -> dict[str, Any]: ...
-
-    def render(self, body: dict[str, Any]) -> dict[str, Any]: ...
-
-    def generate(self, body: dict[str, Any]) -> dict[str, Any]: ...
-
-    def derender(self, body: dict[str, Any]) -> dict[str, Any]: ...
-
-
-# --- server state ----------------------------------------------------------------------------
+# --- the request log, the script and the gates -------------------------------------------
 
 
 class FakeState:
-    """The script, the request log and the gates. Shared by the server's loop and test threads."""
+    """The script, the request log and the gates: the server's fault hooks (`FaultHooks`) and the
+    toy model's settings. Shared by the server's loop and test threads."""
 
     def __init__(
         self,
         delay: float = 0.0,
         default_content: str | None = None,
         served_model_name: str | None = None,
-        generator: Generator | None = None,
     ) -> None:
         self.delay = delay
-        self.generator = generator
-        self.errors: list[str] = []  # the generator's failures (each answered 400)
         self.default_content = default_content
         self.served_model_name = served_model_name
         # Routes on every non-streamed answer, asked or not: vLLM 0.32 serving with
@@ -291,14 +271,22 @@ class FakeState:
             self._opened.clear()
 
     def take(self, key_text: str) -> Reply:
+        """The next scripted reply for a call keyed by this text (its `delay` defaulted to the
+        server's), else a plain one."""
         with self._lock:
             for i, reply in enumerate(self._script):
                 if reply.when is None or reply.when in key_text:
                     reply.times -= 1
                     if reply.times <= 0:
                         del self._script[i]
+                    if self.delay and not reply.delay:
+                        return dataclasses.replace(reply, delay=self.delay)
                     return reply
-        return Reply()
+        return Reply(delay=self.delay)
+
+    def fault(self, call: Call) -> Reply:
+        """The hook: this call's reply, by the text of its last message (chat) or its prompt."""
+        return self.take(key_text(call.body))
 
     def pending(self) -> int:
         with self._lock:
@@ -327,6 +315,9 @@ class FakeState:
             if not self._changed.wait_for(lambda: self._active >= n, timeout):
                 raise TimeoutError(f"{self._active} calls in the fake model server, waited for {n}")
 
+    async def wait_gate(self, name: str) -> None:
+        await self.gate_event(name).wait()
+
     def gate_event(self, name: str) -> asyncio.Event:
         event = self._gates.get(name)
         if event is None:
@@ -348,15 +339,19 @@ class FakeState:
             self.loop.call_soon_threadsafe(release)
 
 
-# --- the HTTP app ----------------------------------------------------------------------------
+# --- the toy model ---------------------------------------------------------------------------
 
 _ids = itertools.count(1)
 
 
-def _error(status: int, message: str, body: Any = None) -> web.Response:
-    kind = {400: "BadRequestError", 404: "NotFoundError", 429: "RateLimitError"}.get(status, "ServerError")
-    payload = body if body is not None else error_body(message, status, kind)
-    return web.Response(status=status, body=orjson.dumps(payload), content_type="application/json")
+def key_text(body: dict[str, Any]) -> str:
+    """What a scripted reply's `when` is matched against: the last message's text, or the prompt."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        last = messages[-1] if messages else None
+        return _text(last.get("content")) if isinstance(last, dict) else ""
+    prompt = body.get("prompt")
+    return prompt if isinstance(prompt, str) else ""
 
 
 def _chat_logprob_entry(token: _Token, position: int, top: int) -> dict[str, Any]:
@@ -392,17 +387,14 @@ class _Call:
             if not isinstance(messages, list) or not messages:
                 raise ValueError("'messages' must be a non-empty list")
             self.prompt_ids = chat_prompt_ids(messages)
-            self.key_text = _text(messages[-1].get("content")) if isinstance(messages[-1], dict) else ""
             self.logprobs = bool(body.get("logprobs"))
             self.top = int(body.get("top_logprobs") or 0)
         else:
             prompt = body.get("prompt")
             if isinstance(prompt, str):
                 self.prompt_ids = encode(prompt)
-                self.key_text = prompt
             elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
                 self.prompt_ids = list(prompt)
-                self.key_text = ""
             else:
                 raise ValueError("'prompt' must be a string or a non-empty list of token ids")
             lp = body.get("logprobs")
@@ -414,7 +406,7 @@ class _Call:
     def default_content(self, state: FakeState) -> str:
         if state.default_content is not None:
             return state.default_content
-        words = self.key_text.split()[:8]
+        words = key_text(self.body).split()[:8]
         return "ok: " + " ".join(words) if words else "ok"
 
     # non-streamed answers
@@ -543,168 +535,62 @@ class _Call:
         return {"tool_calls": [{"index": i, "function": {"arguments": ""}}]}
 
 
-def build_app(state: FakeState) -> web.Application:
-    async def completions(request: web.Request) -> web.StreamResponse:
-        api = "chat" if request.path.endswith("/chat/completions") else "completions"
-        raw = await request.read()
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            state.enter(request.path, raw.decode(errors="replace"))
-            state.leave()
-            return _error(400, f"request body is not valid JSON: {exc}")
-        state.enter(request.path, body)
-        try:
-            return await _serve(request, api, body)
-        finally:
-            state.leave()
+class ToyBackend:
+    """The toy model behind the one server: answers from the toy tokenizer and the script."""
 
-    async def _serve(request: web.Request, api: str, body: Any) -> web.StreamResponse:
-        if not isinstance(body, dict):
-            return _error(400, "request body must be a JSON object")
-        if state.generator is not None:
-            messages = body.get("messages")
-            last = messages[-1] if isinstance(messages, list) and messages else None
-            key_text = _text(last.get("content")) if isinstance(last, dict) else ""
-            fault = await _fault(request, state.take(key_text))
-            return fault if fault is not None else await _generated(state.generator, api, body)
+    def __init__(self, state: FakeState) -> None:
+        self.state = state
+
+    @property
+    def scale_out(self) -> bool:
+        return self.state.scale_out
+
+    async def chat(self, call: Call) -> Answer:
+        return self._answer(call)
+
+    async def completions(self, call: Call) -> Answer:
+        return self._answer(call)
+
+    def _answer(self, call: Call) -> Answer:
+        state = self.state
         try:
-            call = _Call(api, body, state.routes_always)
+            toy = _Call(call.api, call.body, state.routes_always)
         except (ValueError, TypeError) as exc:
-            return _error(400, str(exc))
-        reply = state.take(call.key_text)
-        fault = await _fault(request, reply)
-        if fault is not None:
-            return fault
-        if state.served_model_name is not None and call.model != state.served_model_name:
-            return _error(404, f"The model `{call.model}` does not exist.")
-        answers = [_answer(reply, call.default_content(state), call.max_tokens) for _ in range(call.n)]
-        if not call.stream:
-            return web.Response(body=orjson.dumps(call.response(answers)), content_type="application/json")
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await response.prepare(request)
-        for i, chunk in enumerate(call.chunks(answers)):
-            if reply.drop_after_chunks is not None and i >= reply.drop_after_chunks:
-                assert request.transport is not None
-                request.transport.abort()
-                return response
-            if reply.chunk_delay and i:
-                await asyncio.sleep(reply.chunk_delay)
-            if reply.gate is not None and i == reply.gate_after_chunks:
-                await state.gate_event(reply.gate).wait()
-            await response.write(chunk)
-        await response.write_eof()
-        return response
+            raise BadRequest(str(exc)) from None
+        if state.served_model_name is not None and toy.model != state.served_model_name:
+            raise BadRequest(f"The model `{toy.model}` does not exist.", 404, "NotFoundError")
+        reply = call.fault if isinstance(call.fault, Reply) else Reply()
+        answers = [_answer(reply, toy.default_content(state), toy.max_tokens) for _ in range(toy.n)]
+        if not toy.stream:
+            return Answer(toy.response(answers))
+        # The last chunk, [DONE], is the server's.
+        return Answer(chunks=toy.chunks(answers)[:-1])
 
-    async def _fault(request: web.Request, reply: Reply) -> web.Response | None:
-        """What a scripted reply does before any answer: hold at a gate, wait, drop, fail."""
-        if reply.gate is not None and reply.gate_after_chunks is None:
-            await state.gate_event(reply.gate).wait()
-        delay = reply.delay or state.delay
-        if delay:
-            await asyncio.sleep(delay)
-        if reply.drop:
-            assert request.transport is not None
-            request.transport.abort()
-            return web.Response()
-        if reply.status is not None:
-            return _error(reply.status, f"scripted error {reply.status}", reply.error_body)
-        return None
+    def models(self) -> Answer:
+        name = self.state.served_model_name or "fake"
+        return Answer({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "fake"}]})
 
-    async def _generated(generator: Generator, api: str, body: dict[str, Any]) -> web.Response:
-        try:
-            if api != "chat":
-                raise ValueError("this model serves chat completions only")
-            if body.get("stream"):
-                raise ValueError("this model does not stream")
-            answer = await asyncio.to_thread(generator.chat, body)
-        except Exception as exc:  # a bad request or a generator's bug: answer 400, keep the reason
-            state.errors.append(f"{type(exc).__name__}: {exc}")
-            return _error(400, f"{type(exc).__name__}: {exc}")
-        return _json(answer)
+    # vLLM's scale-out endpoints
 
-    async def models(request: web.Request) -> web.Response:
-        name = state.served_model_name or "fake"
-        payload = {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "fake"}]}
-        return web.json_response(payload, dumps=lambda v: orjson.dumps(v).decode())
-
-    async def health(request: web.Request) -> web.Response:
-        return web.Response(text="")
-
-    async def script(request: web.Request) -> web.Response:
-        try:
-            raw = orjson.loads(await request.read())
-            replies = [Reply.from_dict(r) for r in (raw if isinstance(raw, list) else [raw])]
-        except (orjson.JSONDecodeError, TypeError, ValueError) as exc:
-            return _error(400, f"a script is a list of Reply objects: {exc}")
-        state.script(*replies)
-        return web.json_response({"pending": state.pending()})
-
-    async def requests(request: web.Request) -> web.Response:
-        return web.Response(body=orjson.dumps(list(state.requests)), content_type="application/json")
-
-    async def reset(request: web.Request) -> web.Response:
-        state.reset()
-        return web.json_response({"status": "ok"})
-
-    async def open_gate(request: web.Request) -> web.Response:
-        state.open_gate(request.match_info["name"])
-        return web.json_response({"status": "ok"})
-
-    # --- vLLM's scale-out endpoints (only with state.scale_out; else 403, as vLLM without the flag)
-
-    async def scale_out(request: web.Request) -> web.Response:
-        if not state.scale_out:  # not logged: the Gateway's capability check, not a call
-            return _error(403, "Scale-out endpoints are disabled")
-        raw = await request.read()
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            return _error(400, f"request body is not valid JSON: {exc}")
-        state.enter(request.path, body)
-        try:
-            if state.generator is not None:
-                return await _scale_out_generated(state.generator, request.path, body)
-            if request.path.endswith("/render"):
-                return _json(_render(body))
-            if request.path.endswith("/derender"):
-                return _json(_derender(body))
-            return _json(await _generate(body))
-        except (ValueError, TypeError, KeyError) as exc:
-            return _error(400, str(exc))
-        finally:
-            state.leave()
-
-    async def _scale_out_generated(generator: Generator, path: str, body: Any) -> web.Response:
-        step = generator.render if path.endswith("/render") else None
-        step = step or (generator.derender if path.endswith("/derender") else generator.generate)
-        try:
-            return _json(await asyncio.to_thread(step, body))
-        except Exception as exc:  # a bad request or a generator's bug: answer 400, keep the reason
-            state.errors.append(f"{type(exc).__name__}: {exc}")
-            return _error(400, str(exc))
-
-    def _render(body: dict[str, Any]) -> dict[str, Any]:
-        call = _Call("chat", body)
-        sampling = {"max_tokens": call.max_tokens, "logprobs": 0 if call.logprobs else None}
+    async def render(self, call: Call) -> dict[str, Any]:
+        toy = _Call("chat", call.body)
+        sampling = {"max_tokens": toy.max_tokens, "logprobs": 0 if toy.logprobs else None}
         return {
-            "request_id": call.id,
-            "token_ids": call.prompt_ids,
+            "request_id": toy.id,
+            "token_ids": toy.prompt_ids,
             "sampling_params": sampling,
-            "model": call.model,
+            "model": toy.model,
         }
 
-    async def _generate(body: dict[str, Any]) -> dict[str, Any]:
+    async def generate(self, call: Call) -> dict[str, Any]:
+        body, state = call.body, self.state
         prompt = body["token_ids"]
         if not isinstance(prompt, list) or not prompt:
             raise ValueError("'token_ids' must be a non-empty list")
         sampling = body.get("sampling_params") or {}
         reply = state.take("")
-        delay = reply.delay or state.delay
-        if delay:
-            await asyncio.sleep(delay)
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
         answer = _answer(reply, state.default_content or "ok", sampling.get("max_tokens"))
         ids = [t.id for t in answer.tokens]
         request_id = f"gen-{next(_ids)}"
@@ -721,9 +607,10 @@ def build_app(state: FakeState) -> web.Application:
         choice = {"index": 0, "token_ids": ids, "finish_reason": answer.finish_reason, "logprobs": logprobs}
         return {"request_id": request_id, "choices": [choice], "usage": usage(len(prompt), len(ids))}
 
-    def _derender(body: dict[str, Any]) -> dict[str, Any]:
+    async def derender(self, call: Call) -> dict[str, Any]:
+        body = call.body
         generated = body["generate_response"]["choices"][0]
-        answer, request_id = state.generated[tuple(generated["token_ids"])]
+        answer, request_id = self.state.generated[tuple(generated["token_ids"])]
         calls = [_tool_call_json(c, f"call_{request_id}_{i}") for i, c in enumerate(answer.tool_calls)]
         message = {
             "role": "assistant",
@@ -741,17 +628,37 @@ def build_app(state: FakeState) -> web.Application:
             "usage": usage(int(body.get("prompt_tokens") or 0), len(answer.tokens)),
         }
 
-    def _json(payload: dict[str, Any]) -> web.Response:
-        return web.Response(body=orjson.dumps(payload), content_type="application/json")
 
-    app = web.Application(client_max_size=64 * 1024 * 1024)
-    app.router.add_post("/v1/chat/completions/render", scale_out)
-    app.router.add_post("/v1/chat/completions/derender", scale_out)
-    app.router.add_post("/inference/v1/generate", scale_out)
-    app.router.add_post("/v1/chat/completions", completions)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/health", health)
+# --- the server ------------------------------------------------------------------------------
+
+
+def build_app(
+    state: FakeState, backend: ModelBackend | None = None, lenient: bool = False
+) -> web.Application:
+    """The one OpenAI server over `backend` (default: the toy model) with `state` as its fault
+    hooks, and the routes that script it over HTTP."""
+    app = build_openai_app(backend or ToyBackend(state), hooks=state, lenient=lenient)
+
+    async def script(request: web.Request) -> web.Response:
+        try:
+            raw = orjson.loads(await request.read())
+            replies = [Reply.from_dict(r) for r in (raw if isinstance(raw, list) else [raw])]
+        except (orjson.JSONDecodeError, TypeError, ValueError) as exc:
+            return error_response(400, f"a script is a list of Reply objects: {exc}")
+        state.script(*replies)
+        return json_response({"pending": state.pending()})
+
+    async def requests(request: web.Request) -> web.Response:
+        return json_response(list(state.requests))
+
+    async def reset(request: web.Request) -> web.Response:
+        state.reset()
+        return json_response({"status": "ok"})
+
+    async def open_gate(request: web.Request) -> web.Response:
+        state.open_gate(request.match_info["name"])
+        return json_response({"status": "ok"})
+
     app.router.add_post("/fake/script", script)
     app.router.add_get("/fake/requests", requests)
     app.router.add_post("/fake/reset", reset)
@@ -759,11 +666,11 @@ def build_app(state: FakeState) -> web.Application:
     return app
 
 
-# --- running it ------------------------------------------------------------------------------
+class FakeModelServer(OpenAIServer):
+    """The fake server on a loopback port, in a background thread with its own event loop.
 
-
-class FakeModelServer:
-    """The fake server on a loopback port, in a background thread with its own event loop."""
+    `backend` puts another model behind it (`scripted_model.PolicyBackend`); `lenient` passes
+    bodies that OpenAI's request schema would refuse through to the model."""
 
     def __init__(
         self,
@@ -772,27 +679,11 @@ class FakeModelServer:
         delay: float = 0.0,
         default_content: str | None = None,
         served_model_name: str | None = None,
-        generator: Generator | None = None,
+        backend: ModelBackend | None = None,
+        lenient: bool = False,
     ) -> None:
-        self.host = host
-        self.state = FakeState(delay, default_content, served_model_name, generator)
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, port))
-        self.port: int = self._sock.getsockname()[1]
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._failure: BaseException | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        """The OpenAI base URL, as registered with the Gateway."""
-        return f"{self.url}/v1"
+        self.state = FakeState(delay, default_content, served_model_name)
+        super().__init__(build_app(self.state, backend, lenient), host, port)
 
     def script(self, *replies: Reply) -> None:
         self.state.script(*replies)
@@ -807,57 +698,10 @@ class FakeModelServer:
     def wait_active(self, n: int, timeout: float = 10.0) -> None:
         self.state.wait_active(n, timeout)
 
-    def start(self) -> Self:
-        self._thread = threading.Thread(target=self._run, name="fake-model-server", daemon=True)
-        self._thread.start()
-        self._ready.wait(10)
-        if self._failure is not None:
-            raise RuntimeError(f"the fake model server did not start: {self._failure}")
+    def start(self, timeout: float = 30.0) -> Self:
+        super().start(timeout)
+        self.state.loop = self.loop  # gates opened from other threads are set on the server's loop
         return self
-
-    def _run(self) -> None:
-        loop = asyncio.new_event_loop()
-        self.state.loop = loop
-        try:
-            loop.run_until_complete(self._serve())
-        except BaseException as exc:  # reported by start()
-            self._failure = exc
-            self._ready.set()
-        finally:
-            loop.close()
-
-    async def _serve(self) -> None:
-        self._stop = asyncio.Event()
-        # A call whose client went away is cancelled, as vLLM aborts it.
-        runner = web.AppRunner(
-            build_app(self.state),
-            access_log=None,
-            handle_signals=False,
-            handler_cancellation=True,
-            shutdown_timeout=1.0,
-        )
-        await runner.setup()
-        site = web.SockSite(runner, self._sock, backlog=4096)
-        await site.start()
-        self._ready.set()
-        try:
-            await self._stop.wait()
-        finally:
-            await runner.cleanup()
-
-    def stop(self) -> None:
-        loop, stop = self.state.loop, self._stop
-        if loop is not None and stop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(stop.set)
-        if self._thread is not None:
-            self._thread.join(10)
-        self._sock.close()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -868,25 +712,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--content", default=None, help="the default answer text")
     parser.add_argument("--served-model-name", default=None, help="answer 404 to other model names")
     parser.add_argument("--scale-out", action="store_true", help="serve render / generate / derender")
+    parser.add_argument("--lenient", action="store_true", help="skip OpenAI's request schema")
     args = parser.parse_args(argv)
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
     state = FakeState(args.delay, args.content, args.served_model_name)
     state.scale_out = args.scale_out
-    web.run_app(
-        build_app(state),
-        host=args.host,
-        port=args.port,
-        access_log=None,
-        print=None,
-        backlog=4096,
-        handler_cancellation=True,
-        shutdown_timeout=1.0,
-    )
+    serve(build_app(state, lenient=args.lenient), args.host, args.port)
 
 
 if __name__ == "__main__":

@@ -17,12 +17,14 @@ they would on vLLM.
     with ScriptedChatModel(policy) as model:
         ... register model.base_url with the Gateway ...
 
-It is served by the fake model server's HTTP layer (`fake_model_server`), with a
-`PolicyGenerator` in place of the fake's toy tokenizer and scripted replies.
+It is served by the one OpenAI server (`agentlightning.openai_server`) with the fake model
+server's scripted faults (`fake_model_server.FakeModelServer`), a `PolicyBackend` in place of
+the fake's toy model.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import re
@@ -32,7 +34,8 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any, Self
 
-from agentlightning.openai_shapes import usage
+from agentlightning.openai_server.backend import Answer, BadRequest, Call
+from agentlightning.openai_server.shapes import usage
 from agentlightning.testing.fake_model_server import FakeModelServer, token_logprob
 
 # Qwen2.5-Instruct's chat template (hermes tool calling), verbatim in layout.
@@ -303,18 +306,50 @@ def chat_response(body: dict[str, Any], policy: Policy) -> dict[str, Any]:
     }
 
 
-class PolicyGenerator:
-    """The scripted model's answers, for the fake model server's HTTP layer (its `Generator`)."""
+class PolicyBackend:
+    """The scripted model behind the one OpenAI server: non-streamed chat and vLLM's scale-out
+    calls. A bad request or a policy bug answers 400 and its reason is kept in `errors`."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, scale_out: bool = False) -> None:
         self.policy = policy
+        self.scale_out = scale_out
+        self.errors: list[str] = []
         self._rendered: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]] | None]] = {}
         self._generated: dict[tuple[int, ...], str] = {}
 
-    def chat(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def _run(self, step: Callable[[dict[str, Any]], dict[str, Any]], body: Any) -> dict[str, Any]:
+        try:
+            return await asyncio.to_thread(step, body)
+        except Exception as exc:  # a bad request or a policy's bug: answer 400, keep the reason
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+            raise BadRequest(f"{type(exc).__name__}: {exc}") from None
+
+    async def chat(self, call: Call) -> Answer:
+        if call.body.get("stream"):
+            self.errors.append("ValueError: this model does not stream")
+            raise BadRequest("ValueError: this model does not stream")
+        return Answer(await self._run(self.chat_body, call.body))
+
+    async def completions(self, call: Call) -> Answer:
+        self.errors.append("ValueError: this model serves chat completions only")
+        raise BadRequest("ValueError: this model serves chat completions only")
+
+    def models(self) -> Answer:
+        return Answer({"object": "list", "data": [{"id": "scripted", "object": "model", "owned_by": "fake"}]})
+
+    async def render(self, call: Call) -> dict[str, Any]:
+        return await self._run(self.render_body, call.body)
+
+    async def generate(self, call: Call) -> dict[str, Any]:
+        return await self._run(self.generate_body, call.body)
+
+    async def derender(self, call: Call) -> dict[str, Any]:
+        return await self._run(self.derender_body, call.body)
+
+    def chat_body(self, body: dict[str, Any]) -> dict[str, Any]:
         return chat_response(body, self.policy)
 
-    def render(self, body: dict[str, Any]) -> dict[str, Any]:
+    def render_body(self, body: dict[str, Any]) -> dict[str, Any]:
         key = f"render-{next(_ids)}"
         # The policy chooses text from the messages: generate finds them by this key (a field
         # of the render answer, which the Gateway sends back with the token ids).
@@ -328,7 +363,7 @@ class PolicyGenerator:
             "scripted": key,
         }
 
-    def generate(self, body: dict[str, Any]) -> dict[str, Any]:
+    def generate_body(self, body: dict[str, Any]) -> dict[str, Any]:
         messages, tools = self._rendered.pop(body["scripted"])
         text = self.policy(messages, tools)
         ids = [*encode(text), build_tokenizer().convert_tokens_to_ids("<|im_end|>")]
@@ -342,7 +377,7 @@ class PolicyGenerator:
         choice = {"index": 0, "token_ids": ids, "finish_reason": "stop", "logprobs": logprobs}
         return {"request_id": f"gen-{next(_ids)}", "choices": [choice], "tool_calls_seen": len(calls)}
 
-    def derender(self, body: dict[str, Any]) -> dict[str, Any]:
+    def derender_body(self, body: dict[str, Any]) -> dict[str, Any]:
         ids = body["generate_response"]["choices"][0]["token_ids"]
         eos = build_tokenizer().convert_tokens_to_ids("<|im_end|>")
         # The Gateway derenders without the stop token that ended the generation (vLLM's derender
@@ -361,20 +396,22 @@ class PolicyGenerator:
 
 
 class ScriptedChatModel(FakeModelServer):
-    """The scripted model on a loopback port: the fake model server's HTTP layer (and its scripted
-    faults, `script(Reply(status=503))`) over a `PolicyGenerator`. A bad request or a policy bug
-    answers 400 and its reason is kept in `errors`."""
+    """The scripted model on a loopback port: the one OpenAI server over a `PolicyBackend`, with
+    the fake model server's scripted faults (`script(Reply(status=503))`). A bad request or a
+    policy bug answers 400 and its reason is kept in `errors`.
+
+    `scale_out`: vLLM's scale-out endpoints (render / generate on tokens / derender), as with
+    `vllm serve --enable-scale-out`; without them the Gateway passes calls through. The server is
+    lenient, as vLLM is about the fields its schema does not check."""
 
     def __init__(self, policy: Policy, host: str = "127.0.0.1", scale_out: bool = False) -> None:
-        super().__init__(host, generator=PolicyGenerator(policy))
-        # vLLM's scale-out endpoints (render / generate on tokens / derender), as with
-        # `vllm serve --enable-scale-out`; without them the Gateway passes calls through.
-        self.state.scale_out = scale_out
+        self.backend = PolicyBackend(policy, scale_out)
+        super().__init__(host, backend=self.backend, lenient=True)
 
     @property
     def errors(self) -> list[str]:
-        return self.state.errors
+        return self.backend.errors
 
-    def start(self) -> Self:
+    def start(self, timeout: float = 30.0) -> Self:
         build_tokenizer()  # train once, before the first call
-        return super().start()
+        return super().start(timeout)

@@ -1,10 +1,12 @@
-"""OpenAI request/response shapes as vLLM's OpenAI-compatible server speaks them.
+"""What the torch engine's answers are made of, as vLLM's server makes them.
 
-Requests are validated with pydantic (unknown fields are accepted and ignored, as vLLM does);
-answers are plain dicts built to vLLM's layout, including its `return_token_ids` extension:
-`prompt_token_ids` at the top level of chat answers and per choice for completions, and
-`token_ids` per choice (and per stream chunk). Tool calls use the Hermes form
-`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, parsed like vLLM's `hermes` parser.
+Requests (validated by the server, `openai_server/requests.py`) become the engine's
+`SamplingParams`; answers are plain dicts built to vLLM's layout, including its
+`return_token_ids` extension: `prompt_token_ids` at the top level of chat answers and per
+choice for completions, and `token_ids` per choice (and per stream chunk). Tool calls use the
+Hermes form `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, parsed like vLLM's
+`hermes` parser, and streamed like it: a call's id and name once the name is complete, its
+arguments when the call closes.
 """
 
 from __future__ import annotations
@@ -15,8 +17,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
+from agentlightning.openai_server.requests import ChatCompletionRequest, CompletionRequest
 from agentlightning.torch_backend.engine import SamplingParams, StepOutput
 
 # JSON has no -inf; vLLM reports this floor instead.
@@ -26,105 +27,42 @@ TOOL_CALL_END = "</tool_call>"
 _TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", re.DOTALL)
 
 
-class StreamOptions(BaseModel):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
+def sampling_params(
+    req: ChatCompletionRequest | CompletionRequest, max_tokens: int, top_logprobs: int
+) -> SamplingParams:
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=-1 if req.top_k is None else req.top_k,
+        seed=req.seed,
+        stop=tuple(stops),
+        stop_token_ids=tuple(req.stop_token_ids or ()),
+        ignore_eos=req.ignore_eos,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        top_logprobs=top_logprobs,
+        detokenize=req.stream,
+    )
 
 
-class _Common(BaseModel):
-    model_config = ConfigDict(extra="allow")
+def unsupported(req: ChatCompletionRequest | CompletionRequest) -> str | None:
+    """A message naming a requested feature this server does not implement, else None."""
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, name) not in (None, 0, 0.0):
+            return f"{name} is not supported by the built-in torch server; leave it at 0"
+    if req.repetition_penalty not in (None, 1, 1.0):
+        return "repetition_penalty is not supported by the built-in torch server; leave it at 1"
+    return None
 
-    model: str | None = None
-    n: int = Field(default=1, ge=1, le=128)
-    temperature: float | None = Field(default=None, ge=0.0, le=100.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    return_token_ids: bool = False
-    ignore_eos: bool = False
-    include_stop_str_in_output: bool = False
-    presence_penalty: float | None = 0.0
-    frequency_penalty: float | None = 0.0
-    repetition_penalty: float | None = None
 
-    @field_validator("top_k")
-    @classmethod
-    def _top_k(cls, v: int | None) -> int | None:
-        if v is not None and (v == 0 or v < -1):
-            raise ValueError("top_k must be -1 (off) or a positive integer")
-        return v
-
-    def unsupported(self) -> str | None:
-        """A message naming a requested feature this server does not implement, else None."""
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                return f"{name} is not supported by the built-in torch server; leave it at 0"
-        if self.repetition_penalty not in (None, 1, 1.0):
-            return "repetition_penalty is not supported by the built-in torch server; leave it at 1"
+def tool_choice_error(req: ChatCompletionRequest) -> str | None:
+    if req.tool_choice in (None, "auto", "none"):
         return None
-
-    def sampling(self, max_tokens: int, top_logprobs: int) -> SamplingParams:
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=-1 if self.top_k is None else self.top_k,
-            seed=self.seed,
-            stop=tuple(stops),
-            stop_token_ids=tuple(self.stop_token_ids or ()),
-            ignore_eos=self.ignore_eos,
-            include_stop_str_in_output=self.include_stop_str_in_output,
-            top_logprobs=top_logprobs,
-            detokenize=self.stream,
-        )
-
-
-class ChatCompletionRequest(_Common):
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None
-
-    def parse_tools(self) -> bool:
-        """Whether to parse tool calls out of the output (tools given and tool_choice allows)."""
-        return bool(self.tools) and self.tool_choice in (None, "auto")
-
-    def tool_choice_error(self) -> str | None:
-        if self.tool_choice in (None, "auto", "none"):
-            return None
-        return (
-            f"tool_choice={json.dumps(self.tool_choice)} is not supported by the built-in torch server "
-            "(it needs guided decoding); use 'auto' or 'none'"
-        )
-
-
-class CompletionRequest(_Common):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=1)
-    logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: bool = False
-    suffix: str | None = None
-
-    def prompts(self) -> list[str | list[int]]:
-        p = self.prompt
-        if isinstance(p, str):
-            return [p]
-        if not p:
-            raise ValueError("prompt must not be empty")
-        if all(isinstance(x, int) for x in p):
-            return [list(p)]  # type: ignore[arg-type]  # all ints: one prompt of token ids
-        return list(p)  # type: ignore[arg-type]  # a batch: strings or id lists, as the schema allows
+    return (
+        f"tool_choice={json.dumps(req.tool_choice)} is not supported by the built-in torch server "
+        "(it needs guided decoding); use 'auto' or 'none'"
+    )
 
 
 def flatten_content(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -186,6 +124,88 @@ def hold_back_tool_prefix(text: str) -> int:
         if TOOL_CALL_START.startswith(text[-k:]):
             return k
     return 0
+
+
+_NAME_RE = re.compile(r'^\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
+
+
+class StreamedToolCalls:
+    """One choice's Hermes tool calls as deltas, token by token (vLLM's streaming hermes parser):
+    content until `<tool_call>` (holding back what may begin one); then, per call, its id, type and
+    name as soon as the name is complete, and its arguments (as the non-streamed answer writes
+    them) when the call closes. `finish` ends the choice: the rest of the content if the text is no
+    valid tool call after all, else the calls not yet closed."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.sent = 0  # characters of content sent
+        self.named = 0  # calls whose id and name were sent
+        self.closed = 0  # calls whose arguments were sent
+        self.ids: list[str] = []
+
+    def feed(self, text_delta: str) -> dict[str, Any]:
+        self.text += text_delta
+        delta: dict[str, Any] = {}
+        start = self.text.find(TOOL_CALL_START)
+        safe = start if start >= 0 else len(self.text) - hold_back_tool_prefix(self.text)
+        if safe > self.sent:
+            delta["content"] = self.text[self.sent : safe]
+            self.sent = safe
+        if start >= 0:
+            calls = self._calls(final=False)
+            if calls:
+                delta["tool_calls"] = calls
+        return delta
+
+    def finish(self) -> tuple[dict[str, Any], bool]:
+        """The last delta, and whether the choice called tools."""
+        parsed = parse_tool_calls(self.text)
+        if parsed is None:
+            rest = self.text[self.sent :]
+            self.sent = len(self.text)
+            return ({"content": rest} if rest else {}), False
+        calls = self._calls(final=True)
+        return ({"tool_calls": calls} if calls else {}), True
+
+    def _calls(self, final: bool) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for i, (closed, unclosed) in enumerate(_TOOL_CALL_RE.findall(self.text)):
+            raw = closed or unclosed
+            done = bool(closed) or final
+            if i >= self.named:
+                if i > self.named:
+                    break
+                whole = _parse_call(raw) if done else None
+                named = _NAME_RE.match(raw)
+                if whole is not None:
+                    name = whole["name"]
+                elif named is not None:
+                    name = json.loads(f'"{named[1]}"')  # the name as JSON wrote it, escapes and all
+                else:
+                    break
+                self.ids.append(f"chatcmpl-tool-{uuid.uuid4().hex[:24]}")
+                function = {"name": name, "arguments": ""}
+                out.append({"index": i, "id": self.ids[i], "type": "function", "function": function})
+                self.named += 1
+            if i == self.closed and done:
+                whole = _parse_call(raw)
+                if whole is None:
+                    break
+                arguments = json.dumps(whole.get("arguments", {}), ensure_ascii=False)
+                if out and out[-1]["index"] == i:
+                    out[-1]["function"]["arguments"] = arguments
+                else:
+                    out.append({"index": i, "function": {"arguments": arguments}})
+                self.closed += 1
+        return out
+
+
+def _parse_call(raw: str) -> dict[str, Any] | None:
+    try:
+        obj = json.loads(raw.strip())
+    except json.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) and isinstance(obj.get("name"), str) else None
 
 
 def new_id(prefix: str) -> str:

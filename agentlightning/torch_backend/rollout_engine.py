@@ -21,9 +21,9 @@ import torch
 from agentlightning.log import get_logger
 from agentlightning.torch_backend.config import TorchRolloutConfig
 from agentlightning.torch_backend.engine import TorchEngine
-from agentlightning.torch_backend.inference_server import InferenceServer
 from agentlightning.torch_backend.lora import adapter_state
 from agentlightning.torch_backend.models import resolve_dtype
+from agentlightning.torch_backend.openai_backend import InferenceServer
 from agentlightning.torch_backend.vllm_engine import (
     VLLMEngine,
     VLLMEngineError,
@@ -84,7 +84,7 @@ class TorchRolloutEngine:
             version=self.version,
         )
         self.server = InferenceServer(self.engine, self.served_model_name, rollout.host, rollout.port).start()
-        return [self.server.endpoint]
+        return [self.server.base_url]
 
     def publish(self, policy: Any, version: int) -> int:
         assert self.engine is not None, "start() first"

@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import uvicorn
 
 from agentlightning.log import get_logger
+from agentlightning.openai_server.app import build_app, serve
 from agentlightning.torch_backend.engine import TorchEngine
-from agentlightning.torch_backend.inference_server import create_app
 from agentlightning.torch_backend.models import load_model, resolve_device, resolve_dtype
+from agentlightning.torch_backend.openai_backend import EngineBackend
 
 log = get_logger("torch_server")
 
@@ -65,15 +65,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     log.info(
         "torch_server_ready", model=cfg.model, served=cfg.served_model_name, device=str(device), port=cfg.port
     )
-    uvicorn.run(
-        create_app(engine, cfg.served_model_name),
-        host=cfg.host,
-        port=cfg.port,
-        log_level="warning",
-        access_log=False,
-        timeout_keep_alive=75,
-    )
-    engine.close()
+    try:
+        serve(build_app(EngineBackend(engine, cfg.served_model_name)), cfg.host, cfg.port)
+    finally:
+        engine.close()
 
 
 if __name__ == "__main__":

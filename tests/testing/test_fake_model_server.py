@@ -265,6 +265,15 @@ def test_bad_requests_get_openai_errors(fake: FakeModelServer) -> None:
     assert r.status_code == 400 and "prompt" in r.json()["error"]["message"]
 
 
+def test_strict_by_default_lenient_on_request() -> None:
+    """Bodies are checked against OpenAI's request schema (400 naming the field) unless lenient."""
+    body = {"messages": USER, "temperature": -1, "n": 2}
+    with FakeModelServer() as strict, FakeModelServer(lenient=True) as lenient:
+        r = post(strict, "chat/completions", body)
+        assert r.status_code == 400 and "temperature" in r.json()["error"]["message"]
+        assert len(post(lenient, "chat/completions", body).json()["choices"]) == 2
+
+
 def test_served_model_name_rejects_other_models() -> None:
     with FakeModelServer(served_model_name="policy") as fake:
         assert post(fake, "chat/completions", {"model": "policy", "messages": USER}).status_code == 200

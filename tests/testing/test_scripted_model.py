@@ -110,7 +110,7 @@ def test_a_call_without_tools_renders_another_system_prompt() -> None:
 
 
 def test_served_over_http_by_the_fake_servers_layer_with_its_faults_and_scale_out() -> None:
-    """The scripted model is the fake model server's HTTP layer over a `PolicyGenerator`: answers
+    """The scripted model is the one OpenAI server over a `PolicyBackend`, with the fake's faults: answers
     as `chat_response` builds them, a scripted fault first, 400 (reason kept) for what it cannot do,
     and vLLM's scale-out calls that round-trip to the same tokens."""
     text = tool_call_text("calculate", {"expression": "17 * 24"})

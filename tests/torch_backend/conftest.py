@@ -10,7 +10,7 @@ import torch
 
 from agentlightning.demo.model import build_model, build_tokenizer
 from agentlightning.torch_backend.engine import TorchEngine
-from agentlightning.torch_backend.inference_server import InferenceServer
+from agentlightning.torch_backend.openai_backend import InferenceServer
 
 from .tiny import TINY, fresh_copy, train_tool_model
 

@@ -13,8 +13,8 @@ from agentlightning.demo.agent import CalcAgent
 from agentlightning.demo.model import CHAT_TEMPLATE, TinyModelConfig, build_model, build_tokenizer, save_tiny
 from agentlightning.demo.task import ACTIONS, TOOLS, calculator, make_dataset, make_problem, reward
 from agentlightning.demo.warmup import WarmupConfig, demonstration, make_examples, render, warmup
-from agentlightning.torch_backend.inference_server import InferenceServer
 from agentlightning.torch_backend.models import load_model
+from agentlightning.torch_backend.openai_backend import InferenceServer
 from agentlightning.torch_backend.protocol import parse_tool_calls
 
 from .tiny import QUESTION
@@ -158,7 +158,7 @@ def test_agent_solves_with_two_calls_and_posts_its_reward(
     """The real agent, with the official openai client, against the real server and Gateway."""
     client = GatewayClient(gateway.url, key=gateway.key)
     (rollout,) = client.create_rollouts([{"input": {"question": QUESTION, "answer": 12}, "rollout_id": "r1"}])
-    monkeypatch.setenv("AGL_OPENAI_BASE_URL", tool_server.endpoint)  # no proxy on this branch: direct
+    monkeypatch.setenv("AGL_OPENAI_BASE_URL", tool_server.base_url)  # no proxy on this branch: direct
     monkeypatch.setenv("AGL_EVENT_URL", f"{gateway.url}/api/rollouts/r1/attempt/a1/events")
     monkeypatch.setenv("AGL_KEY", gateway.key)
     monkeypatch.setenv("QUESTION", QUESTION)
@@ -178,7 +178,7 @@ def test_the_step_reward_variant_credits_the_call_with_the_right_tool_call(
 ) -> None:
     client = GatewayClient(gateway.url, key=gateway.key)
     (rollout,) = client.create_rollouts([{"input": {"question": QUESTION, "answer": 12}, "rollout_id": "r2"}])
-    monkeypatch.setenv("AGL_OPENAI_BASE_URL", tool_server.endpoint)
+    monkeypatch.setenv("AGL_OPENAI_BASE_URL", tool_server.base_url)
     monkeypatch.setenv("AGL_EVENT_URL", f"{gateway.url}/api/rollouts/r2/attempt/a1/events")
     monkeypatch.setenv("AGL_KEY", gateway.key)
     monkeypatch.setenv("QUESTION", QUESTION)

@@ -11,7 +11,7 @@ import pytest
 
 from agentlightning.demo.model import build_model
 from agentlightning.torch_backend.engine import SamplingParams, TorchEngine
-from agentlightning.torch_backend.inference_server import VERSION_HEADER, InferenceServer
+from agentlightning.torch_backend.openai_backend import VERSION_HEADER, InferenceServer
 
 from .tiny import TINY, fresh_copy
 
@@ -71,7 +71,7 @@ async def test_publish_bumps_the_version_and_no_request_fails(tiny_model: Any, t
     engine = TorchEngine(old_model, tokenizer)
     server = InferenceServer(engine, "policy").start()
     try:
-        async with httpx.AsyncClient(base_url=server.endpoint, timeout=60, trust_env=False) as http:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=60, trust_env=False) as http:
             first_wave = [
                 asyncio.create_task(ask(http, p, stream=i % 2 == 0)) for i, p in enumerate(prompts[:6])
             ]

@@ -15,7 +15,7 @@ from openai import AsyncOpenAI, BadRequestError, NotFoundError, OpenAI
 from agentlightning.demo.task import TOOLS
 from agentlightning.server.triplet import model_request_triplet
 from agentlightning.torch_backend.engine import TorchEngine
-from agentlightning.torch_backend.inference_server import VERSION_HEADER, InferenceServer
+from agentlightning.torch_backend.openai_backend import VERSION_HEADER, InferenceServer
 
 from .tiny import QUESTION, TOOL_CALL_TEXT, fresh_copy
 
@@ -23,12 +23,12 @@ pytestmark = pytest.mark.timeout(600)  # a hang guard, not a speed test: machine
 
 
 def post(server: InferenceServer, path: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(f"{server.endpoint}{path}", json=body, timeout=60, trust_env=False)
+    return httpx.post(f"{server.base_url}{path}", json=body, timeout=60, trust_env=False)
 
 
 def sse_events(server: InferenceServer, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     events = []
-    with httpx.stream("POST", f"{server.endpoint}{path}", json=body, timeout=60, trust_env=False) as r:
+    with httpx.stream("POST", f"{server.base_url}{path}", json=body, timeout=60, trust_env=False) as r:
         assert r.status_code == 200, r.read()
         assert r.headers["content-type"].startswith("text/event-stream")
         for line in r.iter_lines():
@@ -183,7 +183,7 @@ def test_stream_and_non_stream_give_identical_tokens_at_temperature_zero(server:
 
 
 async def test_openai_sdk_streams_and_assembles(server: InferenceServer) -> None:
-    client = AsyncOpenAI(base_url=server.endpoint, api_key="x", max_retries=0)
+    client = AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0)
     stream = await client.chat.completions.create(
         model="policy",
         messages=[{"role": "user", "content": "hi"}],
@@ -216,7 +216,7 @@ async def test_openai_sdk_streams_and_assembles(server: InferenceServer) -> None
 
 def test_tool_call_round_trip_reproduces_the_first_calls_tokens(tool_server: InferenceServer) -> None:
     """A Hermes tool call comes back as OpenAI tool_calls; re-rendering it gives the same ids."""
-    client = OpenAI(base_url=tool_server.endpoint, api_key="x", max_retries=0)
+    client = OpenAI(base_url=tool_server.base_url, api_key="x", max_retries=0)
     messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
     first = client.chat.completions.create(
         model="policy",
@@ -256,7 +256,7 @@ def test_tool_call_round_trip_reproduces_the_first_calls_tokens(tool_server: Inf
 
 
 def test_streamed_tool_call_is_assembled_by_the_sdk(tool_server: InferenceServer) -> None:
-    client = OpenAI(base_url=tool_server.endpoint, api_key="x", max_retries=0)
+    client = OpenAI(base_url=tool_server.base_url, api_key="x", max_retries=0)
     stream = client.chat.completions.create(
         model="policy",
         messages=[{"role": "user", "content": QUESTION}],
@@ -313,7 +313,7 @@ async def test_concurrent_requests_are_batched_and_answers_do_not_change(server:
         "return_token_ids": True,
         "ignore_eos": True,
     }
-    async with httpx.AsyncClient(base_url=server.endpoint, timeout=60, trust_env=False) as http:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60, trust_env=False) as http:
         solo = []
         for p in prompts:
             r = await http.post("/completions", json={**body, "prompt": p})
@@ -379,17 +379,17 @@ def test_top_p_tiny_is_greedy(server: InferenceServer) -> None:
 
 
 def test_models_lists_the_served_model_with_its_version(server: InferenceServer) -> None:
-    r = httpx.get(f"{server.endpoint}/models", trust_env=False)
+    r = httpx.get(f"{server.base_url}/models", trust_env=False)
     assert r.status_code == 200
     (card,) = r.json()["data"]
     assert card["id"] == "policy" and card["object"] == "model"
     assert card["version"] == server.version == int(r.headers[VERSION_HEADER])
     assert card["max_model_len"] == 512
-    assert httpx.get(f"{server.base_url}/health", trust_env=False).status_code == 200
+    assert httpx.get(f"{server.url}/health", trust_env=False).status_code == 200
 
 
 def test_bad_requests_get_clear_4xx(server: InferenceServer) -> None:
-    client = OpenAI(base_url=server.endpoint, api_key="x", max_retries=0)
+    client = OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
     with pytest.raises(NotFoundError, match="does not exist"):
         client.chat.completions.create(model="other", messages=[{"role": "user", "content": "x"}])
     with pytest.raises(BadRequestError, match="maximum context length"):
@@ -406,7 +406,7 @@ def test_bad_requests_get_clear_4xx(server: InferenceServer) -> None:
         client.completions.create(model="policy", prompt="x", presence_penalty=0.5)
     r = post(server, "/completions", {"model": "policy", "prompt": [10**7]})
     assert r.status_code == 400 and "out of range" in r.json()["error"]["message"]
-    r = httpx.post(f"{server.endpoint}/chat/completions", content=b"{not json", trust_env=False)
+    r = httpx.post(f"{server.base_url}/chat/completions", content=b"{not json", trust_env=False)
     assert r.status_code == 400
     r = post(server, "/chat/completions", {"model": "policy", "messages": []})
     assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
@@ -426,7 +426,7 @@ def test_a_client_that_goes_away_frees_its_rows(tiny_model: Any, tokenizer: Any)
     try:
         body = {"model": "policy", "prompt": "x", "max_tokens": 480, "ignore_eos": True}
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(f"{server.endpoint}/completions", json=body, timeout=0.3, trust_env=False)
+            httpx.post(f"{server.base_url}/completions", json=body, timeout=0.3, trust_env=False)
         for _ in range(300):  # the row is gone well before the 480 tokens would have been made
             if engine.stats.steps > 0 and not engine._rows:
                 break

@@ -15,7 +15,7 @@ import torch
 
 from agentlightning.client import GatewayClient
 from agentlightning.schemas import Model, RolloutCreate
-from agentlightning.torch_backend.inference_server import InferenceServer
+from agentlightning.torch_backend.openai_backend import InferenceServer
 from tests.conftest import RunningGateway
 
 from .test_server import fresh_log_probs
@@ -36,7 +36,7 @@ def gateway(gateway_factory: Callable[..., RunningGateway]) -> RunningGateway:
 @pytest.fixture
 def client(gateway: RunningGateway, server: InferenceServer) -> Iterator[GatewayClient]:
     with GatewayClient(gateway.url, gateway.key) as c:
-        c.register_models([Model(model="policy", endpoint=server.endpoint, version=server.version)])
+        c.register_models([Model(model="policy", endpoint=server.base_url, version=server.version)])
         yield c
 
 

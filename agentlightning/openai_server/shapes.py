@@ -1,14 +1,11 @@
-"""The parts of an OpenAI-shaped answer that every model server in the package builds alike.
+"""The parts of an OpenAI-shaped answer that every model behind the server builds alike.
 
-The torch engine's server (`torch_backend/inference_server.py`) and the test doubles
+The torch engine's backend (`torch_backend/openai_backend.py`) and the test doubles
 (`testing/fake_model_server.py`, `testing/scripted_model.py`) answer with the same error body,
 the same usage block and the same server-sent-event framing; they are written here once. The
-rest of their answers differ on purpose: each double copies the shape of the server it stands
+rest of their answers is each backend's: each double copies the shape of the server it stands
 in for (vLLM streaming tool-call deltas token by token, vLLM on Qwen2.5 with
 `reasoning_content`), the torch engine answers from its own step outputs.
-
-A base-layer module (it imports nothing of the package), so that the torch backend and the
-`testing` layer may both use it.
 """
 
 from __future__ import annotations
