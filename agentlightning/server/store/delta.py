@@ -439,13 +439,15 @@ class _Decoded:
     slots: dict[int, _SlotDelta]  # by index in SLOTS, for the lists taken out
 
 
-def _decode(blob: bytes) -> _Decoded:
-    fmt, flags, tok_base, tok_shared, msg_base, msg_shared, n_suffix, n_resp, n_lp = _HEADER.unpack_from(blob)
+def _headers(blob: bytes) -> tuple[tuple[int, ...], list[tuple[int, int, int, int]], int]:
+    """The fixed header's fields, the lists' (slot, base, shared, new bytes; -1: to the end) and
+    where the body starts."""
+    fields = _HEADER.unpack_from(blob)
+    fmt, flags, _, _, msg_base, msg_shared = fields[:6]
     if fmt not in READS:
         raise RuntimeError(f"stored call in format {fmt}, this Gateway reads formats {READS}")
-    view = memoryview(blob)
     at = _HEADER.size
-    heads: list[tuple[int, int, int, int]] = []  # slot, base, shared, new bytes (-1: to the end)
+    heads: list[tuple[int, int, int, int]] = []
     if fmt == 1:
         if flags & F_MESSAGES:
             heads.append((0, msg_base, msg_shared, -1))
@@ -454,6 +456,12 @@ def _decode(blob: bytes) -> _Decoded:
             if flags & slot.flag:
                 heads.append((k, *_SLOT_HEADER.unpack_from(blob, at)))
                 at += _SLOT_HEADER.size
+    return fields, heads, at
+
+
+def _decode(blob: bytes) -> _Decoded:
+    (_, flags, tok_base, tok_shared, _, _, n_suffix, n_resp, n_lp), heads, at = _headers(blob)
+    view = memoryview(blob)
     suffix = view[at : at + n_suffix]
     at += n_suffix
     response = bytes(view[at : at + n_resp])
@@ -469,9 +477,10 @@ def _decode(blob: bytes) -> _Decoded:
 
 
 def bases_of(blob: bytes) -> set[int]:
-    """The earlier calls a stored call refers to (its prompt's and its lists' bases)."""
-    d = _decode(blob)
-    return {b for b in (d.tok_base, *(slot.base for slot in d.slots.values())) if b}
+    """The earlier calls a stored call refers to (its prompt's and its lists' bases): read from
+    the headers only, as the Postgres store checks them for every batch of calls it inserts."""
+    fields, heads, _ = _headers(blob)
+    return {b for b in (fields[2], *(base for _, base, _, _ in heads)) if b}
 
 
 class _Calls:
