@@ -724,10 +724,9 @@ class PostgresStore(Store):
                 "SELECT r.run_id, r.updated_at, count(p.step), max(p.step) FROM runs r "
                 "LEFT JOIN run_points p ON p.run_id = r.run_id GROUP BY r.run_id ORDER BY r.updated_at DESC"
             )
-            last = await c.fetch(
-                "SELECT run_id, metrics FROM (SELECT run_id, metrics, "
-                "row_number() OVER (PARTITION BY run_id ORDER BY step DESC) AS n FROM run_points) AS recent "
-                "WHERE n <= $1",
+            last = await c.fetch(  # each run's last points, off the (run_id, step) key: not every point
+                "SELECT r.run_id, p.metrics FROM runs r CROSS JOIN LATERAL (SELECT metrics FROM run_points "
+                "WHERE run_id = r.run_id ORDER BY step DESC LIMIT $1) AS p",
                 RUN_KEYS_FROM,
             )
             return runs, last

@@ -788,12 +788,14 @@ class SqliteStore(Store):
                 "SELECT r.run_id, r.updated_at, count(p.step), max(p.step) FROM runs r "
                 "LEFT JOIN run_points p ON p.run_id = r.run_id GROUP BY r.run_id ORDER BY r.updated_at DESC"
             ).fetchall()
-            last = c.execute(
-                "SELECT run_id, metrics FROM (SELECT run_id, metrics, "
-                "row_number() OVER (PARTITION BY run_id ORDER BY step DESC) AS n FROM run_points) "
-                "WHERE n <= ?",
-                (RUN_KEYS_FROM,),
-            ).fetchall()
+            last = [  # each run's last points, off the (run_id, step) key: not a scan of every point
+                (run_id, metrics)
+                for run_id, *_ in runs
+                for (metrics,) in c.execute(
+                    "SELECT metrics FROM run_points WHERE run_id=? ORDER BY step DESC LIMIT ?",
+                    (run_id, RUN_KEYS_FROM),
+                )
+            ]
             return runs, last
 
         runs, last = await self._read(op)
