@@ -24,7 +24,7 @@ from tests.postgres import store_is_postgres
 
 KEY = "long-key"
 CALLS = 40
-OUTPUT_WORDS = 820  # each tool output: ~820 tokens, so the last prompt is past 32k
+OUTPUT_WORDS = 820  # each tool output: ~830 tokens, so the last prompt is past 32k
 WRITTEN = '{"cmd": "cat part.txt"}'  # as the model writes it; the harness re-sends it compact
 TOOLS = [{"type": "function", "name": "shell", "parameters": {"type": "object"}}]
 
