@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentlightning.server.proxy.history import AttemptHistory, Turn, classify, continuation, meaning
+from agentlightning.server.proxy.history import (
+    AttemptHistory,
+    Turn,
+    answered,
+    classify,
+    continuation,
+    knows,
+    meaning,
+)
 
 USER = {"role": "user", "content": "what is 7+5"}
 SYSTEM = {"role": "system", "content": "you calculate"}
@@ -102,4 +110,40 @@ def test_a_deleted_rollouts_turns_are_forgotten() -> None:
     assert history.turns("r2", "a") and history.tokens == 43
     history.forget("r1")
     history.forget("r2")
+    assert history.tokens == 0
+
+
+def test_a_request_repeating_an_answer_this_gateway_did_not_record_is_not_known() -> None:
+    """`knows` decides when the attempt's calls are read back from the store (another replica
+    served the call, a restart): only when the request's last assistant message is no turn's."""
+    first = turn([SYSTEM, USER], rendered=[1, 10, 11, 5], response=[50, 51, EOS])
+    after_first = [meaning(m) for m in (SYSTEM, USER, CALL_RESENT, RESULT)]
+    assert knows([], [meaning(SYSTEM), meaning(USER)])  # repeats no answer
+    assert knows([first], after_first) and answered([first], after_first) is first
+    assert not knows([], after_first)  # e.g. the first call was served by another replica
+    # A second call this Gateway did not serve: its answer is repeated, the first call's is not the last.
+    second_answer = {"role": "assistant", "content": "it is 12"}
+    after_second = [*after_first, meaning(second_answer), meaning({"role": "user", "content": "and 8+1?"})]
+    assert not knows([first], after_second)
+    # Two conversations in one attempt (e.g. a planner and a writer): each repeats its own turn.
+    other = turn([USER], rendered=[1, 11, 5], response=[52, EOS])
+    assert knows([first, other], after_first) and answered([first, other], after_first) is first
+    # An edited answer is no turn's: read back, still not found, the call starts a new segment.
+    edited = [meaning(m) for m in (SYSTEM, USER, {"role": "assistant", "content": "edited"}, RESULT)]
+    assert not knows([first], edited)
+
+
+def test_turns_read_back_replace_the_attempts_and_keep_the_budget() -> None:
+    history = AttemptHistory()
+    history.add("r1", "a", turn([USER], rendered=list(range(20)), response=[1, 2, EOS]))
+    read_back = [turn([USER], rendered=list(range(20)), response=[1, 2, EOS]) for _ in range(3)]
+    read_back[2].rendered = None  # a continued call: its rendering is not stored
+    history.replace("r1", "a", read_back)
+    assert (
+        history.turns("r1", "a") == read_back and history.tokens == 43 + 43 + 23
+    )  # rendered and prompt, prompt alone
+    # A turn without its rendering is never continued (token_exact.py renders it again first).
+    messages = [meaning(USER), meaning(CALL), meaning(RESULT)]
+    assert continuation([read_back[2]], messages, [*range(20), 60, EOS, 7]) is None
+    history.forget("r1")
     assert history.tokens == 0

@@ -53,10 +53,12 @@ def gateways(
 
 
 class Rollout:
-    def __init__(self, gw: RunningGateway) -> None:
-        self.id = f"r-{uuid.uuid4().hex[:10]}"
+    def __init__(self, gw: RunningGateway, rollout_id: str | None = None) -> None:
+        """A new rollout, or clients for `rollout_id` through another Gateway."""
+        self.id = rollout_id or f"r-{uuid.uuid4().hex[:10]}"
         self.client = GatewayClient(gw.url, KEY)
-        self.client.create_rollouts([RolloutCreate(rollout_id=self.id, input={})])
+        if rollout_id is None:
+            self.client.create_rollouts([RolloutCreate(rollout_id=self.id, input={})])
         root = f"{gw.url}/proxy/rollout/{self.id}/attempt/a1/mode/train"
         self.openai = openai.OpenAI(base_url=root + "/openai/v1", api_key=KEY, max_retries=0)
         self.anthropic = anthropic.Anthropic(base_url=root + "/anthropic", api_key=KEY, max_retries=0)
@@ -234,3 +236,79 @@ def test_an_upstream_without_the_endpoints_is_passed_through(
             )
         finally:
             gw.process.stop()
+
+
+def tool_loop_call(rollout: Rollout, messages: list[dict[str, Any]]) -> Any:
+    """One call of a chat tool loop that sends the model's tool calls back compact."""
+    message = (
+        rollout.openai.chat.completions.create(model="m", messages=messages, tools=CHAT_TOOLS)
+        .choices[0]
+        .message
+    )  # type: ignore[arg-type]
+    for call in message.tool_calls or []:
+        resent = {
+            **call.model_dump(),
+            "function": {"name": "calc", "arguments": compact(call.function.arguments)},
+        }  # type: ignore[union-attr]
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [resent]},
+            {"role": "tool", "tool_call_id": call.id, "content": "9"},
+        ]
+    return message
+
+
+@pytest.mark.parametrize("token_exact", [True, False])
+def test_a_restarted_gateway_reads_the_attempt_back_and_keeps_its_segment(
+    tmp_path_factory: pytest.TempPathFactory, scale_out_fake: FakeModelServer, token_exact: bool
+) -> None:
+    """The proxy's history of an attempt is in memory: a Gateway restarted mid-rollout (or another
+    replica, or one that forgot the attempt) reads the attempt's calls back from the store when a
+    request repeats an answer it did not record, so the rollout stays one segment on the token
+    path (the continued call's prompt rendered again) and a pass-through break is still named."""
+    scale_out_fake.state.reset()
+    scale_out_fake.script(
+        Reply(content="", tool_calls=[ToolCall("calc", WRITTEN)]),
+        Reply(content="", tool_calls=[ToolCall("calc", '{"expr": "9+1"}')]),
+        Reply(content="it is 10"),
+    )
+    tmp = tmp_path_factory.mktemp("restart")
+    overrides = () if token_exact else ("default_proxy.token_exact=false",)
+    gw = start_gateway(tmp, KEY, *overrides)
+    try:
+        with GatewayClient(gw.url, KEY) as c:
+            c.register_models([Model(model="policy", endpoint=scale_out_fake.base_url, version=1)])
+        rollout = Rollout(gw)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+        tool_loop_call(rollout, messages)
+        tool_loop_call(rollout, messages)
+        gw.process.stop()
+        gw = start_gateway(tmp, KEY, *overrides, db_path=gw.db_path)  # same store, empty memory
+        rollout = Rollout(gw, rollout.id)
+        scale_out_fake.state.requests.clear()
+        assert tool_loop_call(rollout, messages).content == "it is 10"
+        events = rollout.events()
+        if not token_exact:
+            assert [e["segment"].get("break", {}).get("reason") for e in events] == [
+                None,
+                "rerendered",
+                "rerendered",
+            ]
+            return
+        assert [e["segment"] for e in events] == [
+            {"continues": False, "token_exact": True, "first": True},
+            {"continues": True, "token_exact": True},
+            {"continues": True, "token_exact": True},
+        ]
+        # The third call: its own render, the second call's request rendered again, generate, derender.
+        paths = [r["path"] for r in scale_out_fake.requests]
+        assert paths == ["/v1/chat/completions/render"] * 2 + [
+            "/inference/v1/generate",
+            "/v1/chat/completions/derender",
+        ]
+        second = events[1]["response"]
+        sequence = second["prompt_token_ids"] + second["choices"][0]["token_ids"]
+        assert scale_out_fake.requests[2]["body"]["token_ids"][: len(sequence)] == sequence
+        (row,) = rollout.rows()
+        assert row.n_calls == 3
+    finally:
+        gw.process.stop()

@@ -4,6 +4,7 @@ the other answers; long-polls wake across them; pause/drain is global."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -13,7 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from agentlightning.testing.fake_model_server import FakeModelServer, Reply
+from agentlightning.aggregation import AggregationStats, aggregate_rollout
+from agentlightning.client import GatewayClient
+from agentlightning.testing.fake_model_server import FakeModelServer, Reply, ToolCall
 from tests import postgres
 from tests.conftest import RunningGateway, start_gateway
 
@@ -242,3 +245,57 @@ def test_a_rollout_deleted_and_created_again_through_one_replica_is_new_on_the_o
         assert events[1]["data"] == {"value": 1.0}
         history = api(gw, "GET", f"/api/dashboard/rollouts/{rid}").json()["history"]
         assert [(h["state"], h["version"]) for h in history] == [("queuing", 1), ("running", 2)]
+
+
+def test_an_attempt_served_by_both_replicas_in_turn_stays_one_token_sequence(
+    pair: tuple[RunningGateway, RunningGateway],
+) -> None:
+    """Each replica keeps the token history of the calls it served: a call whose history repeats
+    an answer the other replica recorded reads the attempt back from the database, so a tool loop
+    sent A, B, A on the token path (the model's tool calls sent back compact, as harnesses do)
+    is still one token sequence: one training row."""
+    a, b = pair
+    written = '{"expr": "3*3"}'
+    tools = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
+    with FakeModelServer() as fake:
+        fake.state.scale_out = True
+        api(a, "DELETE", "/api/models")
+        assert (
+            api(a, "POST", "/api/models", json=[{"model": "policy", "endpoint": fake.base_url}]).status_code
+            == 201
+        )
+        probe = new_rollout(a)
+        eventually(lambda: call(b, probe).status_code == 200 and fake.state.total > 0)
+        fake.state.reset()
+        fake.script(
+            Reply(content="", tool_calls=[ToolCall("calc", written)]),
+            Reply(content="", tool_calls=[ToolCall("calc", '{"expr": "9+1"}')]),
+            Reply(content="it is 10"),
+        )
+        rid = new_rollout(a)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "what is 3*3+1"}]
+        for gw in (a, b, a):
+            path = f"/proxy/rollout/{rid}/attempt/a1/mode/train/openai/v1/chat/completions"
+            answer = api(gw, "POST", path, json={"model": "m", "messages": messages, "tools": tools}).json()
+            message = answer["choices"][0]["message"]
+            for tool_call in message.get("tool_calls") or []:
+                arguments = json.dumps(json.loads(tool_call["function"]["arguments"]), separators=(",", ":"))
+                messages += [
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [{**tool_call, "function": {"name": "calc", "arguments": arguments}}],
+                    },
+                    {"role": "tool", "tool_call_id": tool_call["id"], "content": "9"},
+                ]
+        assert message["content"] == "it is 10"
+        with GatewayClient(a.url, KEY) as client:
+            events = client.get_events_json(rid, format="raw", attempt_id="a1")
+            triplets = client.get_events_json(rid, format="triplet", attempt_id="a1")
+        assert [e["data"]["segment"] for e in events] == [
+            {"continues": False, "token_exact": True, "first": True},
+            {"continues": True, "token_exact": True},
+            {"continues": True, "token_exact": True},
+        ]
+        (row,) = aggregate_rollout(triplets, rid, "g", reward=1.0, stats=AggregationStats())
+        assert row.n_calls == 3

@@ -20,7 +20,7 @@ from agentlightning.server.proxy.capture import CallRecord
 from agentlightning.server.proxy.experts import pop_routed_experts
 from agentlightning.server.proxy.responses import Answer, StreamAnswer, error_answer, paused_answer
 from agentlightning.server.proxy.rewrite import Api, pick_endpoint, rewrite, served_model, wants_usage_chunk
-from agentlightning.server.proxy.token_exact import chat_stream
+from agentlightning.server.proxy.token_exact import chat_stream, messages_of
 from agentlightning.server.proxy.translate import ApiInputError
 from agentlightning.server.state import GatewayState
 from agentlightning.server.store import RolloutNotFound
@@ -137,20 +137,24 @@ async def _call(
     if config.token_exact and api != "completions":
         model = pick_endpoint(state.models.endpoints(model_name), rollout_id)
         if model is not None and runtime.tokens.serves(model.endpoint) is not False:
-            exact = await runtime.tokens.call(model, upstream_body, params, rollout_id, attempt_id)
+            exact = await runtime.tokens.call(
+                state.store, model, upstream_body, params, rollout_id, attempt_id
+            )
     if exact is not None:
         forwarded = exact.forwarded
         forwarded.tries = exact.tries
         record.data["segment"] = exact.segment
     else:
+        if api != "completions":  # the attempt's earlier calls, to say where this one's prompt breaks off
+            messages = messages_of(upstream_body)
+            await runtime.tokens.recall(state.store, rollout_id, attempt_id, messages, None)
+            record.before_save = lambda: runtime.tokens.observe(record, upstream_body, messages)
         forwarded = await runtime.upstream.forward(
             lambda: pick_endpoint(state.models.endpoints(model_name), rollout_id),
             UPSTREAM_PATHS[api],
             orjson.dumps({**upstream_body, **params}),
             stream and translation is None,
         )
-        if api != "completions":
-            record.before_save = lambda: runtime.tokens.observe(record, upstream_body)
     upstream_s = time.perf_counter() - started
     routes = None
     if forwarded.stream is not None:

@@ -56,7 +56,9 @@ def meaning(message: dict[str, Any]) -> tuple[Any, ...]:
 class Turn:
     messages: list[tuple[Any, ...]]  # the request's messages, by meaning
     tools: str  # the request's tools, as canonical JSON
-    rendered: list[int]  # the prompt as the server renders the request
+    # the prompt as the server renders the request; None for a call read back from the store
+    # whose prompt was continued (its rendering is not stored: token_exact.py renders it again)
+    rendered: list[int] | None
     prompt: list[int]  # the prompt the model saw (rendered, or continued from an earlier turn)
     response: list[int]  # the tokens the model produced
     answer: tuple[Any, ...]  # the answer's message, by meaning
@@ -107,15 +109,46 @@ class AttemptHistory:
             if not attempts:
                 del self._attempts_of[rollout_id]
 
+    def replace(self, rollout_id: str, attempt_id: str, turns: list[Turn]) -> None:
+        """The attempt's turns as read back from the store (they include this Gateway's own)."""
+        self._forget_attempt(rollout_id, attempt_id)
+        for turn in turns[-TURNS:]:
+            self.add(rollout_id, attempt_id, turn)
+
+    def _forget_attempt(self, rollout_id: str, attempt_id: str) -> None:
+        dropped = self._turns.pop((rollout_id, attempt_id), None)
+        if dropped is not None:
+            self.tokens -= sum(map(_size, dropped))
+            self._drop_attempt(rollout_id, attempt_id)
+
     def forget(self, rollout_id: str) -> None:
         """A deleted rollout's turns: a rollout created again under its id starts afresh."""
-        for attempt_id in self._attempts_of.pop(rollout_id, ()):
-            self.tokens -= sum(map(_size, self._turns.pop((rollout_id, attempt_id), [])))
+        for attempt_id in list(self._attempts_of.get(rollout_id, ())):
+            self._forget_attempt(rollout_id, attempt_id)
 
 
 def _size(turn: Turn) -> int:
-    rendered = 0 if turn.rendered is turn.prompt else len(turn.rendered)
+    rendered = 0 if turn.rendered is turn.prompt or turn.rendered is None else len(turn.rendered)
     return rendered + len(turn.prompt) + len(turn.response)
+
+
+def answered(turns: list[Turn], messages: list[tuple[Any, ...]]) -> Turn | None:
+    """The turn that wrote the request's last assistant message: its request is exactly what
+    comes before that message, and the message is its answer. None when there is none."""
+    last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i][0] == "assistant"), None)
+    if last is None:
+        return None
+    for turn in reversed(turns):
+        if len(turn.messages) == last and messages[last] == turn.answer and messages[:last] == turn.messages:
+            return turn
+    return None
+
+
+def knows(turns: list[Turn], messages: list[tuple[Any, ...]]) -> bool:
+    """Whether every answer the request repeats is one of these turns: a request without an
+    assistant message repeats none; one whose last answer came from a call this Gateway did not
+    serve (another replica, before a restart, forgotten) needs the attempt's calls read back."""
+    return answered(turns, messages) is not None or not any(m[0] == "assistant" for m in messages)
 
 
 def continuation(turns: list[Turn], messages: list[tuple[Any, ...]], rendered: list[int]) -> list[int] | None:
@@ -124,7 +157,7 @@ def continuation(turns: list[Turn], messages: list[tuple[Any, ...]], rendered: l
     adds (rendered). None when no turn is repeated."""
     for turn in reversed(turns):
         n = len(turn.messages)
-        if not turn.finished or not turn.response or len(messages) <= n:
+        if not turn.finished or not turn.response or turn.rendered is None or len(messages) <= n:
             continue
         if messages[:n] != turn.messages or messages[n] != turn.answer:
             continue

@@ -24,18 +24,21 @@ from typing import Any
 import orjson
 
 from agentlightning.log import get_logger
-from agentlightning.schemas import Model
+from agentlightning.schemas import EVENT_MODEL_REQUEST, Model
 from agentlightning.server.proxy.capture import CallRecord
 from agentlightning.server.proxy.history import (
     AttemptHistory,
     Turn,
+    answered,
     classify,
     continuation,
+    knows,
     meaning,
     tools_key,
 )
 from agentlightning.server.proxy.translate import sse
 from agentlightning.server.proxy.upstream import Forwarded, UpstreamClient
+from agentlightning.server.store import Store
 from agentlightning.server.triplet import model_request_triplet
 
 log = get_logger("proxy")
@@ -46,6 +49,19 @@ UNSUPPORTED = frozenset({403, 404, 405, 501})
 RECHECK_SECONDS = 300.0
 # Chat request fields the generate step must not see again (the prompt is in token ids).
 _NOT_FOR_RENDER = frozenset({"stream", "stream_options", "return_routed_experts"})
+
+
+def messages_of(chat: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """A chat request's messages by meaning (history.meaning)."""
+    return [meaning(m) for m in chat.get("messages") or [] if isinstance(m, dict)]
+
+
+def render_request(chat: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """The body to render: the chat request with the proxy's settings, without what only the
+    answer's form needs (the generate step is never streamed)."""
+    request = {k: v for k, v in chat.items() if k not in _NOT_FOR_RENDER}
+    request.update({k: v for k, v in params.items() if k not in _NOT_FOR_RENDER})
+    return request
 
 
 def server_root(endpoint: str) -> str:
@@ -71,8 +87,41 @@ class TokenExact:
         self.supported: dict[str, tuple[bool, float]] = {}
         self.history = AttemptHistory()
 
-    def observe(self, record: CallRecord, chat: dict[str, Any]) -> None:
-        observe_pass_through(self.history, record, chat)
+    def observe(self, record: CallRecord, chat: dict[str, Any], messages: list[tuple[Any, ...]]) -> None:
+        observe_pass_through(self.history, record, chat, messages)
+
+    async def recall(
+        self,
+        store: Store,
+        rollout_id: str,
+        attempt_id: str,
+        messages: list[tuple[Any, ...]],
+        model: Model | None,
+    ) -> list[Turn]:
+        """The attempt's turns, read back from the store when the request repeats an answer this
+        Gateway did not record: another replica served that call, this one restarted, or it
+        forgot the attempt. A read-back call whose prompt was continued is rendered again on
+        `model` (the token path) to be continued in turn; on pass-through (`model` None) it
+        only says where the next prompt breaks off."""
+        turns = self.history.turns(rollout_id, attempt_id)
+        if knows(turns, messages):
+            return turns
+        stored = [
+            read
+            for event in await store.list_events(rollout_id, attempt_id, EVENT_MODEL_REQUEST)
+            if (read := turn_of(orjson.loads(event.record.data))) is not None
+        ]
+        turn = answered([t for t, _ in stored], messages)
+        if turn is None:  # an answer the attempt never got: the agent edited it
+            return turns
+        if turn.rendered is None and model is not None:
+            request = next(r for t, r in stored if t is turn)
+            rendered = await self._post(model, RENDER, request)
+            if rendered.error is None and rendered.status == 200:
+                turn.rendered = orjson.loads(rendered.body)["token_ids"]
+        log.debug("history_read_back", rollout_id=rollout_id, attempt_id=attempt_id, calls=len(stored))
+        self.history.replace(rollout_id, attempt_id, [t for t, _ in stored])
+        return self.history.turns(rollout_id, attempt_id)
 
     def serves(self, endpoint: str) -> bool | None:
         """True/False once known; None before the endpoint's first call, and again a while after
@@ -86,11 +135,16 @@ class TokenExact:
         return serves
 
     async def call(
-        self, model: Model, chat: dict[str, Any], params: dict[str, Any], rollout_id: str, attempt_id: str
+        self,
+        store: Store,
+        model: Model,
+        chat: dict[str, Any],
+        params: dict[str, Any],
+        rollout_id: str,
+        attempt_id: str,
     ) -> ExactCall | None:
         """Serve one chat call on tokens. None: the endpoint has no token endpoints (now known)."""
-        request = {k: v for k, v in chat.items() if k not in _NOT_FOR_RENDER}
-        request.update({k: v for k, v in params.items() if k not in _NOT_FOR_RENDER})
+        request = render_request(chat, params)
         rendered = await self._post(model, RENDER, request)
         tries = rendered.tries
         if rendered.error is None and rendered.status in UNSUPPORTED:
@@ -103,9 +157,9 @@ class TokenExact:
         generate_request = orjson.loads(rendered.body)
         rendered_ids: list[int] = generate_request["token_ids"]
 
-        messages = [meaning(m) for m in chat.get("messages") or [] if isinstance(m, dict)]
+        messages = messages_of(chat)
         tools = tools_key(chat)
-        turns = self.history.turns(rollout_id, attempt_id)
+        turns = await self.recall(store, rollout_id, attempt_id, messages, model)
         prompt = continuation(turns, messages, rendered_ids)
         segment: dict[str, Any] = {"continues": True, "token_exact": True}
         if prompt is None:
@@ -206,7 +260,36 @@ def _with_tokens(response: dict[str, Any], generation: dict[str, Any], prompt: l
     return response
 
 
-def observe_pass_through(history: AttemptHistory, record: CallRecord, chat: dict[str, Any]) -> None:
+def turn_of(data: dict[str, Any]) -> tuple[Turn, dict[str, Any]] | None:
+    """A recorded chat-shaped call (a `model_request` event's data) as the turn it left, with the
+    body that renders its request again; None for a call that left none (failed, no token ids)."""
+    chat = data.get("chat_request") or data.get("request")
+    response = data.get("response")
+    if data.get("status") != "ok" or not isinstance(chat, dict) or not isinstance(response, dict):
+        return None
+    triplet = model_request_triplet(data)
+    prompt, answer_ids = triplet["prompt_token_ids"], triplet["response_token_ids"]
+    choices = response.get("choices") or [{}]
+    choice = choices[0] if isinstance(choices[0], dict) else {}
+    if not prompt or not answer_ids or not isinstance(choice.get("message"), dict):
+        return None  # completions have no message
+    segment = data.get("segment") or {}
+    continued = segment.get("continues") is True and segment.get("token_exact") is True
+    turn = Turn(
+        messages=messages_of(chat),
+        tools=tools_key(chat),
+        rendered=None if continued else prompt,  # a prompt not continued is the server's rendering
+        prompt=prompt,
+        response=answer_ids,
+        answer=meaning(choice["message"]),
+        finished=choice.get("finish_reason") in ("stop", "tool_calls"),
+    )
+    return turn, render_request(chat, data.get("params") or {})
+
+
+def observe_pass_through(
+    history: AttemptHistory, record: CallRecord, chat: dict[str, Any], messages: list[tuple[Any, ...]]
+) -> None:
     """Note a pass-through call's segment: whether the prompt the server rendered continues the
     attempt's previous call token for token, and if not, why and where (`segment.break`)."""
     d = record.data
@@ -217,7 +300,6 @@ def observe_pass_through(history: AttemptHistory, record: CallRecord, chat: dict
     prompt, answer_ids = triplet["prompt_token_ids"], triplet["response_token_ids"]
     if not prompt:
         return
-    messages = [meaning(m) for m in chat.get("messages") or [] if isinstance(m, dict)]
     tools = tools_key(chat)
     turns = history.turns(record.rollout_id, record.attempt_id)
     broken = classify(turns, messages, tools, prompt)
