@@ -39,6 +39,7 @@ SWE: dict = {
             "agent_class": "examples.swe.mini_agent:MiniSweAgent",
             "env_map": {"TASK_ID": "input.task_id"},
         },
+        "k8s": {"job_template_path": str(HERE / "job-template.yaml")},  # run_minikube.sh
     },
 }
 

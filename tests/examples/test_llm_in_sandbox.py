@@ -24,7 +24,6 @@ import pytest
 
 from agentlightning.testing.example_stack import (
     EXAMPLES,
-    EXAMPLES_PYTHON,
     RolloutResult,
     Stack,
     example_stack,
@@ -482,14 +481,6 @@ def test_workspaces_are_removed(ran: tuple[Stack, list[dict[str, Any]], list[Rol
     workspaces = [m.group(1) for r in ran[2] if (m := re.search(r"workspace=(\S+)", r.log))]
     assert len(workspaces) == len(ran[2])
     assert [w for w in workspaces if Path(w).exists()] == []
-
-
-@pytest.mark.parametrize("script", ["run_local.sh"])
-def test_scripts_pass_shellcheck(script: str, examples_python: str) -> None:
-    assert subprocess.run(["bash", "-n", script], cwd=HERE).returncode == 0
-    shellcheck = EXAMPLES_PYTHON.parent / "shellcheck"
-    result = subprocess.run([str(shellcheck), "-x", script], cwd=HERE, capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_run_local_refuses_pod_mode(tmp_path: Path, examples_python: str, bwrap: None) -> None:

@@ -3,12 +3,11 @@ from the environment (bad values refused with the variable's name), v1.0's varia
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 
-from agentlightning.testing.example_stack import EXAMPLES, EXAMPLES_PYTHON
+from agentlightning.testing.example_stack import EXAMPLES
 
 sys.path.insert(0, str(EXAMPLES / "science_world"))
 
@@ -89,14 +88,3 @@ def test_v1_split_refuses_a_task_left_without_training_variations() -> None:
 def test_an_unknown_simplification_is_refused_before_a_jvm_starts() -> None:
     with pytest.raises(ValueError, match="unknown simplification 'hard'"):
         ScienceWorldSession("boil", 0, simplification="hard")
-
-
-def test_run_local_sh_passes_shellcheck(examples_python: str) -> None:
-    shellcheck = EXAMPLES_PYTHON.parent / "shellcheck"
-    result = subprocess.run(
-        [str(shellcheck), "-x", "run_local.sh"],
-        cwd=EXAMPLES / "science_world",
-        capture_output=True,
-        text=True,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr

@@ -93,3 +93,16 @@ def test_the_network_policy_admits_only_the_gateway_and_dns() -> None:
 
 def test_the_image_is_hadolint_clean_and_copies_what_exists() -> None:
     check_dockerfile(SWE)
+
+
+def test_the_host_gateway_policy_admits_one_address_and_refuses_anything_wider() -> None:
+    """run_minikube.sh's policy (examples/swe/policy.py): the Gateway on the host as one address."""
+    from examples.swe.policy import host_gateway_policy
+
+    assert host_gateway_policy("fd00::1", 9000)["spec"]["egress"][0] == {
+        "to": [{"ipBlock": {"cidr": "fd00::1/128"}}],
+        "ports": [{"protocol": "TCP", "port": 9000}],
+    }
+    for address, port in (("10.0.0.0/8", 8181), ("0.0.0.0/0", 8181), ("gateway", 8181), ("10.0.0.1", 0)):
+        with pytest.raises(ValueError):
+            host_gateway_policy(address, port)
