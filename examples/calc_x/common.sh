@@ -75,6 +75,14 @@ start_controller() {
   echo "Controller  pid ${PIDS[-1]} (log $RUN_DIR/controller.log)"
 }
 
+# start_on_minikube NAMESPACE: the Gateway on every interface (pods reach it through the host as
+# host.minikube.internal; the key protects it) and the Controller running rollouts as Jobs there.
+start_on_minikube() {
+  start_gateway host=0.0.0.0
+  start_controller runner_type=k8s k8s_runner.namespace="$1" \
+    agl_server.agent_url="http://host.minikube.internal:$PORT"
+}
+
 # train ARGS...: $TRAIN_SCRIPT (default train_calc_agent.py) against this Gateway; returns its exit
 # status. It runs in the background only so that this script reacts to Ctrl-C at once; its output
 # comes here.

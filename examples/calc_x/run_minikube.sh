@@ -22,10 +22,7 @@ fi
 echo "Building $IMAGE inside minikube (the build checks that the MCP calculator starts)"
 minikube image build -t "$IMAGE" "$HERE"
 
-# Pods reach the Gateway through the host: listen on every interface (the key protects it).
-start_gateway host=0.0.0.0
-start_controller runner_type=k8s k8s_runner.namespace="$NAMESPACE" \
-  agl_server.agent_url="http://host.minikube.internal:$PORT"
+start_on_minikube "$NAMESPACE"
 status=0
 train "$@" || status=$?
 exit "$status"

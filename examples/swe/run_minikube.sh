@@ -35,10 +35,7 @@ GATEWAY_IP="$(minikube ssh -- getent ahostsv4 host.minikube.internal | awk 'NR =
 PYTHONPATH="$REPO" "$PYTHON" -m examples.swe.policy --gateway-ip "$GATEWAY_IP" --port "$PORT" \
   | kubectl apply -n "$NAMESPACE" -f -
 
-# Pods reach the Gateway through the host: listen on every interface (the key protects it).
-start_gateway host=0.0.0.0
-start_controller runner_type=k8s k8s_runner.namespace="$NAMESPACE" \
-  agl_server.agent_url="http://host.minikube.internal:$PORT"
+start_on_minikube "$NAMESPACE"
 status=0
 train "$@" || status=$?
 exit "$status"
