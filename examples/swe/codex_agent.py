@@ -8,7 +8,9 @@ our bubblewrap sandbox with only the Gateway reachable (`harness_box.py`, which 
 own sandbox is off (`sandbox_mode = "danger-full-access"`). Then grades and posts the reward.
 
 Environment knobs: SWE_HARNESS_TIMEOUT seconds (900), SWE_GRADE_TIMEOUT (120), SWE_CODEX_PREFIX (the
-npm prefix Codex is installed in; default: .npm-codex/ at the repository root, `make codex`).
+npm prefix Codex is installed in; default: .npm-codex/ at the repository root, `make codex`),
+SWE_CODEX_CONFIG (more of Codex's own `config.toml`, put first: e.g.
+`model_auto_compact_token_limit = 6000` makes Codex compact its history, as on a long task).
 """
 
 from __future__ import annotations
@@ -56,8 +58,10 @@ wire_api = "responses"
 """
 
 
-def codex_config(base_url: str) -> str:
-    return CONFIG.format(base_url=json.dumps(base_url))  # a JSON string is a TOML basic string
+def codex_config(base_url: str, extra: str = "") -> str:
+    """Codex's config.toml; `extra` goes first, so that its top-level keys precede every table."""
+    config = CONFIG.format(base_url=json.dumps(base_url))  # a JSON string is a TOML basic string
+    return f"{extra.strip()}\n{config}" if extra.strip() else config
 
 
 def npm_prefix() -> Path:
@@ -69,7 +73,8 @@ class CodexSweAgent:
         gateway_url = os.environ["AGL_OPENAI_BASE_URL"]
 
         def prepare(home: Path) -> tuple[list[str], dict[str, str], list[Path], list[Path]]:
-            (home / "config.toml").write_text(codex_config(inner_url(gateway_url)))
+            extra = os.environ.get("SWE_CODEX_CONFIG", "")
+            (home / "config.toml").write_text(codex_config(inner_url(gateway_url), extra))
             prefix = npm_prefix()
             command = [str(prefix / "node_modules" / ".bin" / "codex"), "exec", "--skip-git-repo-check",
                        "-C", "/workspace"]  # fmt: skip

@@ -23,6 +23,14 @@ from tests.heavy import require
 
 pytestmark = pytest.mark.timeout(1200)  # two harness runs, seconds of work each, minutes on a loaded machine
 RUNNING = re.compile(r"Process running with session ID (\d+)")  # Codex: a command outlasted its wait
+COMPACTION = "CONTEXT CHECKPOINT COMPACTION"  # Codex's request for a summary of the history
+SUMMARY = "Summary for the next model: "
+
+
+def done_before(messages: list[dict[str, Any]]) -> int:
+    """The steps a summary in the history says were done before it (0 without one)."""
+    found = [re.search(rf"{SUMMARY}(\d+) steps", message_text(m["content"])) for m in messages]
+    return max((int(m.group(1)) for m in found if m), default=0)
 
 
 @dataclass(frozen=True)
@@ -86,13 +94,18 @@ def engineer(harness: Harness) -> Callable[[list[dict[str, Any]], list[dict[str,
     def policy(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         tool, _ = harness.shell("")
         names = [t["function"]["name"] for t in tools or []]
+        results = [message_text(m["content"]) for m in messages if m["role"] == "tool"]
+        turn = sum(not RUNNING.search(r) for r in results)
+        # Codex compacting its history (model_auto_compact_token_limit): a call without tools asks for
+        # a summary, which the next calls get instead of the turns it covers.
+        if not names and COMPACTION in message_text(messages[-1]["content"]):
+            return f"{SUMMARY}{turn + done_before(messages)} steps done."
         assert tool in names, names
         task = task_of(messages)
-        results = [message_text(m["content"]) for m in messages if m["role"] == "tool"]
         running = RUNNING.search(results[-1]) if results else None
         if running:
             return tool_call_text("write_stdin", {"session_id": int(running.group(1)), "chars": ""})
-        turn = sum(not RUNNING.search(r) for r in results)
+        turn += done_before(messages)
         shell = command(task, turn)
         if shell is None:
             return "The fix is in and the visible tests pass."
@@ -169,3 +182,50 @@ def test_the_cli_makes_one_row_through_the_token_exact_gateway(tmp_path: Path, h
         c["data"]["segment"] for c in calls
     ]
     assert len(wrong.rows) == 1, (wrong.merge_break(), wrong.stats)
+
+
+def test_codex_compacting_its_own_history_gives_segments_that_are_all_trained(tmp_path: Path) -> None:
+    """Codex's own context compaction (`model_auto_compact_token_limit` through SWE_CODEX_CONFIG,
+    set just above its first prompt) on the token-exact Gateway: the calls before it are one
+    segment; the compaction call (Codex asks for a summary without tools) and the call that resumes
+    from the summary each start a new one with the reason recorded; every segment is a training row
+    with its reward, none masked, and the task is still solved."""
+    codex = HARNESSES[0]
+    require(
+        [
+            m
+            for m, ok in (("bubblewrap", available()), (".npm-codex (make codex)", codex.binary.exists()))
+            if not ok
+        ]
+    )
+    with example_stack(
+        engineer(codex),
+        "swe",
+        tmp_path,
+        f"local_runner.python={SWE_PYTHON}",
+        agent_env={"PYTHONPATH": str(REPO), "SWE_CODEX_CONFIG": "model_auto_compact_token_limit = 15500"},
+        scale_out=True,
+    ) as stack:
+        (solved,) = stack.run(
+            codex.agent, {"TASK_ID": "input.task_id"}, [{"task_id": SOLVED.instance_id}], timeout=600
+        )
+    assert solved.state == "succeeded" and solved.rewards == [1.0], (solved.error, solved.log[-3000:])
+    assert "context compacted" in solved.log
+    calls = solved.model_requests
+    compactions = [
+        i
+        for i, c in enumerate(calls)
+        if COMPACTION in solved.prompt_text(i)[-3000:] and not c["data"]["request"].get("tools")
+    ]
+    assert compactions, [c["data"]["segment"] for c in calls]
+    at = compactions[0]
+    segments = [c["data"]["segment"] for c in calls]
+    assert segments[0].get("first") and all(s["continues"] for s in segments[1:at])  # one segment up to it
+    assert segments[at]["break"]["reason"] == "tools_changed"  # the summary request drops the tools
+    assert (
+        not segments[at + 1]["continues"] and segments[at + 1]["break"]["reason"]
+    )  # resumed from the summary
+    assert SUMMARY in solved.prompt_text(at + 1)
+    breaks = sum(not s["continues"] for s in segments)
+    assert len(solved.rows) == breaks and sum(row.n_calls for row in solved.rows) == len(calls)
+    assert all(row.reward == 1.0 and sum(row.response_mask) for row in solved.rows)  # every segment trained
