@@ -2,15 +2,16 @@
 (the demo's recipe, agentlightning/demo, applied to a real harness).
 
     python -m examples.swe.tiny_policy build OUT [--correct-prob P] [--steps N] [--seed S]
-    python -m examples.swe.tiny_policy data DIR          # train.jsonl / val.jsonl of the family
-    python -m examples.swe.tiny_policy eval MODEL_DIR [--seed 1] [--temperature 0] [--samples 1]
+    python -m examples.swe.tiny_policy data DIR          # comparison_{train,train_hard,val}.jsonl
+    python -m examples.swe.tiny_policy report RUN_DIR    # a run's figures: metrics, edits per function
+    python -m examples.swe.tiny_policy eval MODEL_DIR [--tasks val|train] [--temperature 0] [--samples 1]
 
 The harness is mini-swe-agent with its prompts made short (`prompts/short.yaml`,
 SWE_MINI_PROMPTS=short). On a `comparison` task the issue names the function and its module; a
 naive agent then works in three turns, each a bare bash tool call as mini parses them:
 
-  1. `grep -n -A6 'def FUNC' PATH` (reads the function),
-  2. `sed -i 's/BUGGY LINE/EDITED LINE/' PATH` (the edit),
+  1. `grep -n -A6 'def FUNC' */MODULE.py` (reads the function),
+  2. `sed -i 's/BUGGY LINE/EDITED LINE/' */MODULE.py` (the edit),
   3. `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT` (mini's submit command).
 
 Its edit is the naive one, "toggle the `=` of the comparison" (`<` -> `<=`, `<=` -> `<`): right for
@@ -115,9 +116,10 @@ def _sed_escape(text: str, replacement: bool = False) -> str:
 def commands(task: Task, edit: str) -> list[str]:
     """The naive agent's three commands on `task`, its edit writing `edit` over the buggy line."""
     e = edit_of(task)
+    where = "*/" + e.path.rsplit("/", 1)[1]  # PKG/MODULE.py: the package's name need not be copied
     return [
-        f"grep -n -A6 'def {e.function}' {e.path}",
-        f"sed -i 's/{_sed_escape(e.buggy)}/{_sed_escape(edit, replacement=True)}/' {e.path}",
+        f"grep -n -A6 'def {e.function}' {where}",
+        f"sed -i 's/{_sed_escape(e.buggy)}/{_sed_escape(edit, replacement=True)}/' {where}",
         SUBMIT,
     ]
 
@@ -334,10 +336,14 @@ def play(model: Any, tokenizer: Any, task: Task, temperature: float, rng_seed: i
     with tempfile.TemporaryDirectory(prefix="agl-tiny-") as tmp:
         ws = checkout(task, Path(tmp) / "ws")
         messages = opening(task)
-        edits = []
+        edits: list[str] = []
+        texts: list[str] = []
         submitted = False
         for k in range(4):
-            prompt = tokenizer.apply_chat_template(messages, tools=[BASH_TOOL], add_generation_prompt=True)
+            text = tokenizer.apply_chat_template(
+                messages, tools=[BASH_TOOL], add_generation_prompt=True, tokenize=False
+            )
+            prompt = tokenizer.encode(text, add_special_tokens=False)
             ids = torch.tensor([prompt])
             with torch.no_grad():
                 out = model.generate(
@@ -350,6 +356,7 @@ def play(model: Any, tokenizer: Any, task: Task, temperature: float, rng_seed: i
                 )
             text = tokenizer.decode(out[0, len(prompt) :], skip_special_tokens=True)
             command = parse_command(text)
+            texts.append(text)
             if command is None:
                 break
             messages.append(tool_turn(command, k))
@@ -382,10 +389,11 @@ def play(model: Any, tokenizer: Any, task: Task, temperature: float, rng_seed: i
         "submitted": submitted,
         "calls": k + 1,
         "edits": edits,
+        "texts": texts,
     }
 
 
-def evaluate(model_dir: Path, seed: int, temperature: float, samples: int) -> dict[str, Any]:
+def evaluate(model_dir: Path, tasks: list[Task], temperature: float, samples: int) -> dict[str, Any]:
     import torch
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
@@ -393,7 +401,7 @@ def evaluate(model_dir: Path, seed: int, temperature: float, samples: int) -> di
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = Qwen2ForCausalLM.from_pretrained(model_dir).eval()
     per: dict[str, Counter] = {}
-    for task in family_tasks(seed):
+    for task in tasks:
         for s in range(samples):
             r = play(model, tokenizer, task, temperature, s)
             per.setdefault(r["function"], Counter())[r["verdict"] if r["submitted"] else "not submitted"] += 1
@@ -406,11 +414,69 @@ def evaluate(model_dir: Path, seed: int, temperature: float, samples: int) -> di
     }
 
 
-def write_data(out: Path) -> None:
+def val_tasks(per_function: int = 3) -> list[Task]:
+    """Held-out tasks (seed 1), the same number per buggy function (5 functions)."""
+    seen: Counter = Counter()
+    out = []
+    for task in family_tasks(VAL_SEED):
+        if seen[edit_of(task).function] < per_function:
+            seen[edit_of(task).function] += 1
+            out.append(task)
+    return out
+
+
+def write_data(out: Path, per_function: int) -> None:
+    """In `out`: {FAMILY}_train.jsonl (all of seed 0's), {FAMILY}_train_hard.jsonl (those of them
+    the naive edit does not fix: clamp, running_max, days_in_month) and {FAMILY}_val.jsonl
+    (val_tasks)."""
     out.mkdir(parents=True, exist_ok=True)
-    for name, seed in (("train", TRAIN_SEED), ("val", VAL_SEED)):
-        rows = [json.dumps({"task_id": t.instance_id}) + "\n" for t in family_tasks(seed)]
+    train = family_tasks(TRAIN_SEED)
+    hard = [t for t in train if edit_of(t).naive != edit_of(t).right]
+    for name, tasks in (("train", train), ("train_hard", hard), ("val", val_tasks(per_function))):
+        rows = [json.dumps({"task_id": t.instance_id}) + "\n" for t in tasks]
         (out / f"{FAMILY}_{name}.jsonl").write_text("".join(rows))
+
+
+def _edit_picked(task: Task, log: str) -> str:
+    e = edit_of(task)
+    flat = "".join(log.split())  # mini's console output wraps long lines at spaces
+    for name, edit in (("right", e.right), ("naive", e.naive)):
+        if "".join(commands(task, edit)[1].split()) in flat:
+            return name
+    return "other" if "sed -i" in log else "none"
+
+
+def report(run_dir: Path, per_step: int, val_size: int) -> dict[str, Any]:
+    """Per training step and per validation of a run_local.sh run (RUN_DIR): the trainer's metrics
+    and, from the agents' logs, which edit each rollout made, per buggy function. Rollouts are put
+    in steps by when their log was last written (training: `per_step` = batch x n a step,
+    validation: `val_size` each)."""
+    from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
+    from examples.swe.bank import find
+
+    metrics = read_metrics(run_dir / "trainer" / METRICS_FILE)
+    keys = ("training/reward", "val/reward", "timing/collect_s", "timing/step_s", "timing/validation_s",
+            "training/n_zero_adv_groups", "training/n_groups", "actor/ppo_kl", "actor/entropy",
+            "actor/grad_norm", "perf/update_time_s", "training/n_unmerged_rollouts", "training/n_rollouts")  # fmt: skip
+    steps = [{"step": int(r["step"]), **{k: r[k] for k in keys if k in r}} for r in metrics]
+    done: dict[str, list[tuple[float, Task, str]]] = {"t": [], "v": []}
+    for attempt in run_dir.glob("agents/*/*.log"):
+        parts = attempt.parent.name.rsplit("-", 2)  # RUN-t<i>-<k> (training), RUN-v<i>-0 (validation)
+        kind = parts[1][:1] if len(parts) == 3 else ""
+        log = attempt.read_text(errors="replace")
+        graded = [json.loads(line) for line in log.splitlines() if line.startswith('{"instance_id"')]
+        if graded and kind in done:
+            task = find(graded[-1]["instance_id"])
+            done[kind].append((attempt.stat().st_mtime, task, _edit_picked(task, log)))
+    picks: dict[str, dict[str, Counter]] = {}
+    for kind, size, name in (("t", per_step, "train step"), ("v", val_size, "validation")):
+        for rank, (_, task, pick) in enumerate(sorted(done[kind], key=lambda x: x[0])):
+            label = f"{name} {rank // size + 1}"
+            picks.setdefault(label, {}).setdefault(edit_of(task).function, Counter())[pick] += 1
+    return {
+        "steps": steps,
+        "edits": {k: {f: dict(c) for f, c in sorted(v.items())} for k, v in picks.items()},
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -426,11 +492,16 @@ def main(argv: list[str] | None = None) -> None:
         "data", help=f"{FAMILY}_train.jsonl (seed {TRAIN_SEED}) and {FAMILY}_val.jsonl (seed {VAL_SEED})"
     )
     d.add_argument("out", type=Path)
+    d.add_argument("--val-per-function", type=int, default=3)
     e = sub.add_parser("eval", help="the model through the harness's turns, offline (no Gateway)")
     e.add_argument("model", type=Path)
-    e.add_argument("--seed", type=int, default=VAL_SEED)
+    e.add_argument("--tasks", choices=("val", "train"), default="val", help="val_tasks() or seed 0's")
     e.add_argument("--temperature", type=float, default=0.0)
     e.add_argument("--samples", type=int, default=1)
+    r = sub.add_parser("report", help="a run_local.sh run's figures: metrics per step, edits per function")
+    r.add_argument("run_dir", type=Path)
+    r.add_argument("--per-step", type=int, default=12, help="rollouts a training step (batch x n)")
+    r.add_argument("--val-size", type=int, default=15, help="rollouts a validation")
     args = parser.parse_args(argv)
     if args.cmd == "build":
         import torch
@@ -439,9 +510,21 @@ def main(argv: list[str] | None = None) -> None:
         cfg = TinyConfig(**{f: getattr(args, f) for f in TinyConfig().__dict__})
         print(json.dumps(build(args.out, cfg), indent=1))
     elif args.cmd == "data":
-        write_data(args.out)
+        write_data(args.out, args.val_per_function)
+    elif args.cmd == "report":
+        print(json.dumps(report(args.run_dir, args.per_step, args.val_size), indent=1))
     else:
-        print(json.dumps(evaluate(args.model, args.seed, args.temperature, args.samples), indent=1))
+        print(
+            json.dumps(
+                evaluate(
+                    args.model,
+                    val_tasks() if args.tasks == "val" else family_tasks(TRAIN_SEED),
+                    args.temperature,
+                    args.samples,
+                ),
+                indent=1,
+            )
+        )
     sys.stdout.flush()
 
 
