@@ -4,6 +4,7 @@
     python -m examples.swe.tiny_policy build OUT [--correct-prob P] [--steps N] [--seed S]
     python -m examples.swe.tiny_policy data DIR          # comparison_{train,train_hard,val}.jsonl
     python -m examples.swe.tiny_policy report RUN_DIR    # a run's figures: metrics, edits per function
+    python -m examples.swe.tiny_policy adam-probe MODEL_DIR   # one AdamW step on one ideal group
     python -m examples.swe.tiny_policy eval MODEL_DIR [--tasks val|train] [--temperature 0] [--samples 1]
 
 The harness is mini-swe-agent with its prompts made short (`prompts/short.yaml`,
@@ -479,6 +480,59 @@ def report(run_dir: Path, per_step: int, val_size: int) -> dict[str, Any]:
     }
 
 
+def adam_probe(model_dir: Path, function: str = "clamp") -> dict[str, Any]:
+    """How far one AdamW step on one ideal GRPO group moves the decision: the group is 2 right and
+    2 naive conversations of one task (advantages +1, -1; token-mean policy-gradient loss over the
+    model's turns); p(right operator) and p(naive operator) at the first token where they differ,
+    before and after one step at a few learning rates and Adam eps."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
+
+    torch.set_num_threads(1)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    task = next(t for t in family_tasks(TRAIN_SEED) if edit_of(t).function == function)
+    e = edit_of(task)
+    right, naive = (
+        render(tokenizer, conversation(task, e.right)),
+        render(tokenizer, conversation(task, e.naive)),
+    )
+    at = next(i for i, (a, b) in enumerate(zip(right[0], naive[0], strict=False)) if a != b)
+
+    def decision(model: Any) -> list[float]:
+        with torch.no_grad():
+            probs = torch.softmax(model(torch.tensor([right[0][:at]])).logits[0, -1], -1)
+        return [round(probs[right[0][at]].item(), 3), round(probs[naive[0][at]].item(), 3)]
+
+    def gradient(model: Any) -> None:
+        loss, count = torch.zeros(()), 0.0
+        for (ids, mask), advantage in ((right, 1.0), (right, 1.0), (naive, -1.0), (naive, -1.0)):
+            x = torch.tensor([ids])
+            logp = torch.log_softmax(model(x).logits[0, :-1], -1).gather(1, x[0, 1:, None])[:, 0]
+            weights = torch.tensor(mask[1:], dtype=torch.float)
+            loss, count = loss - advantage * (logp * weights).sum(), count + weights.sum().item()
+        (loss / count).backward()
+
+    base = Qwen2ForCausalLM.from_pretrained(model_dir)
+    gradient(base)
+    grads = torch.cat([p.grad.flatten().abs() for p in base.parameters() if p.grad is not None])
+    out: dict[str, Any] = {
+        "function": function,
+        "before [p_right, p_naive]": decision(base),
+        "grad_norm": round(grads.norm().item(), 4),
+        "grad_coordinate_quantiles": {
+            q: float(f"{torch.quantile(grads[:1_000_000], q).item():.2e}") for q in (0.5, 0.99, 0.999)
+        },
+    }
+    for eps in (1e-8, 1e-5):
+        for lr in (3e-4, 5e-4, 1e-3):
+            model = Qwen2ForCausalLM.from_pretrained(model_dir)
+            for p, q in zip(model.parameters(), base.parameters(), strict=True):
+                p.grad = None if q.grad is None else q.grad.clone()
+            torch.optim.AdamW(model.parameters(), lr=lr, eps=eps, weight_decay=0.0).step()
+            out[f"after one step, lr {lr:g}, eps {eps:g}"] = decision(model)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m examples.swe.tiny_policy", description=__doc__.split("\n")[0]
@@ -502,6 +556,9 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("run_dir", type=Path)
     r.add_argument("--per-step", type=int, default=12, help="rollouts a training step (batch x n)")
     r.add_argument("--val-size", type=int, default=15, help="rollouts a validation")
+    a = sub.add_parser("adam-probe", help="one AdamW step on one ideal group: how far the decision moves")
+    a.add_argument("model", type=Path)
+    a.add_argument("--function", default="clamp")
     args = parser.parse_args(argv)
     if args.cmd == "build":
         import torch
@@ -511,6 +568,8 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(build(args.out, cfg), indent=1))
     elif args.cmd == "data":
         write_data(args.out, args.val_per_function)
+    elif args.cmd == "adam-probe":
+        print(json.dumps(adam_probe(args.model, args.function), indent=1))
     elif args.cmd == "report":
         print(json.dumps(report(args.run_dir, args.per_step, args.val_size), indent=1))
     else:
