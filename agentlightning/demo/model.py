@@ -99,11 +99,17 @@ def byte_tokenizer() -> Any:
 
 @cache
 def _trained_tokenizer_json(vocab_size: int) -> str:
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
     from agentlightning.demo.warmup import corpus
 
-    texts = corpus(byte_tokenizer(), TOKENIZER_CORPUS_SIZE, TOKENIZER_CORPUS_SEED)
+    return bpe_json(corpus(byte_tokenizer(), TOKENIZER_CORPUS_SIZE, TOKENIZER_CORPUS_SEED), vocab_size)
+
+
+def bpe_json(texts: list[str], vocab_size: int) -> str:
+    """A byte-level BPE trained on `texts`, with the template's markers, as tokenizer JSON (the
+    demo's recipe; other tiny policies, e.g. examples/swe/tiny_policy.py, train it on their own
+    conversations and wrap it with `tokenizer_from_json`)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = _pre_tokenizer()
     trainer = trainers.BpeTrainer(
@@ -125,9 +131,14 @@ def build_tokenizer(vocab_size: int = TOKENIZER_VOCAB_SIZE) -> Any:
     added tokens, so a BPE piece never crosses a turn boundary and rendering a conversation
     turn by turn gives the same ids as rendering it whole.
     """
+    return tokenizer_from_json(_trained_tokenizer_json(vocab_size))
+
+
+def tokenizer_from_json(text: str) -> Any:
+    """A `bpe_json` tokenizer as the Hugging Face fast tokenizer with the chat template."""
     from tokenizers import Tokenizer
 
-    return _wrap(Tokenizer.from_str(_trained_tokenizer_json(vocab_size)))
+    return _wrap(Tokenizer.from_str(text))
 
 
 def _pre_tokenizer() -> Any:

@@ -119,7 +119,6 @@ def make_examples(
 def warmup(model: Any, tokenizer: Any, config: WarmupConfig | None = None) -> dict[str, float]:
     """Train `model` in place with cross-entropy on the demonstrations' model turns."""
     config = config or WarmupConfig()
-    device = next(model.parameters()).device
     examples = make_examples(
         tokenizer,
         config.steps * config.batch_size,
@@ -127,17 +126,34 @@ def warmup(model: Any, tokenizer: Any, config: WarmupConfig | None = None) -> di
         config.correct_op_prob,
         config.wrong_answer_prob,
     )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    return sft(model, tokenizer, examples, config.steps, config.batch_size, config.lr, config.weight_decay)
+
+
+def sft(
+    model: Any,
+    tokenizer: Any,
+    examples: Sequence[tuple[list[int], list[int]]],
+    steps: int,
+    batch_size: int,
+    lr: float,
+    weight_decay: float = 0.0,
+) -> dict[str, float]:
+    """Cross-entropy on the masked tokens of `examples` ((ids, mask) pairs, taken in order,
+    `batch_size` a step, cycling), in place: the warm-up's loop, shared with other tiny policies
+    (examples/swe/tiny_policy.py)."""
+    device = next(model.parameters()).device
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     # Short ramp-up, constant, then a decay over the last fifth (copying is learned mid-way).
-    tail = max(1, config.steps // 5)
+    tail = max(1, steps // 5)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / 20) * max(0.05, min(1.0, (config.steps - s) / tail))
+        optimizer, lambda s: min(1.0, (s + 1) / 20) * max(0.05, min(1.0, (steps - s) / tail))
     )
     model.train()
     t0 = time.perf_counter()
     losses: list[float] = []
-    for step in range(config.steps):
-        batch = examples[step * config.batch_size : (step + 1) * config.batch_size]
+    for step in range(steps):
+        start = (step * batch_size) % max(len(examples), 1)
+        batch = list(examples[start : start + batch_size])
         ids, attn, labels = _collate(batch, tokenizer.pad_token_id)
         ids, attn, labels = ids.to(device), attn.to(device), labels.to(device)
         logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()

@@ -9,7 +9,9 @@ per-attempt URL and scoped token; `OPENAI_BASE_URL` / `OPENAI_API_KEY` when set)
      bubblewrap environment use our sandbox's arguments: every command the model writes runs
      with the workspace only and no network;
   3. grades the workspace here, outside the sandbox, and posts the reward.
-Environment knobs: SWE_STEP_LIMIT (30), SWE_HARNESS_TIMEOUT seconds (900), SWE_GRADE_TIMEOUT (120).
+Environment knobs: SWE_STEP_LIMIT (30), SWE_HARNESS_TIMEOUT seconds (900), SWE_GRADE_TIMEOUT (120),
+SWE_MINI_PROMPTS (unset: mini's own prompts; `short`: prompts/short.yaml; or a YAML file's path),
+merged between mini.yaml and our config with mini's own `-c`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,20 @@ from examples.swe.bank import find
 from examples.swe.grader import grade
 from examples.swe.tasks import checkout
 from examples.swe.workspace import agent_sandbox
+
+PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
+
+
+def prompt_specs(choice: str | None) -> list[str]:
+    """mini's `-c` specs for its prompts: mini.yaml, then SWE_MINI_PROMPTS's file over it if set."""
+    if not choice:
+        return ["mini.yaml"]
+    path = (
+        PROMPTS_DIR / f"{choice}.yaml" if "/" not in choice and not choice.endswith(".yaml") else Path(choice)
+    )
+    if not path.is_file():
+        raise SystemExit(f"SWE_MINI_PROMPTS={choice}: no such prompts file ({path})")
+    return ["mini.yaml", str(path.resolve())]
 
 
 def post_reward(value: float, extra: dict[str, Any] | None = None) -> None:
@@ -91,7 +107,8 @@ class MiniSweAgent:
                 "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # litellm fetches nothing at import
             }
             mini = Path(sys.executable).parent / "mini"
-            command = [str(mini), "-c", "mini.yaml", "-c", str(work / "config.yaml"), "-t", task.problem_statement,
+            specs = [*prompt_specs(os.environ.get("SWE_MINI_PROMPTS")), str(work / "config.yaml")]
+            command = [str(mini), *(a for spec in specs for a in ("-c", spec)), "-t", task.problem_statement,
                        "-y", "--exit-immediately", "-o", str(work / "traj.json")]  # fmt: skip
             try:
                 done = subprocess.run(

@@ -7,7 +7,8 @@
 # started are stopped by their process ids (never by name); the sandboxes go with their agents.
 # Environment: PYTHON, SWE_PYTHON (.venv-swe/bin/python), AGL_PORT (8181), AGL_KEY (default: a fresh
 # random one), RUN_DIR, AGL_START_TIMEOUT (60 s for the Gateway to answer), SWE_* (the agent's knobs,
-# see mini_agent.py).
+# see mini_agent.py), AGL_GATEWAY_ARGS (more agl-server key=value settings, space-separated, e.g.
+# "default_proxy.val.temperature=0.0" for greedy validation).
 set -euo pipefail
 EXAMPLE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck disable=SC2034  # both read by common.sh
@@ -21,7 +22,8 @@ command -v bwrap >/dev/null || { echo "run_local.sh: bwrap not found (apt-get in
 # The agents import the example (and the sandbox module) from the repository.
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
-start_gateway host=127.0.0.1
+read -ra GATEWAY_ARGS <<<"${AGL_GATEWAY_ARGS:-}"
+start_gateway host=127.0.0.1 "${GATEWAY_ARGS[@]}"
 start_controller runner_type=local \
   local_runner.python="$SWE_PYTHON" local_runner.cwd="$HERE" local_runner.log_dir="$RUN_DIR/agents"
 status=0
