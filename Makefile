@@ -136,13 +136,17 @@ demo: venv
 # The examples' agents (AutoGen + MCP, OpenAI Agents SDK, LangGraph, openai, ScienceWorld) in their own venv,
 # without torch; the controller runs them with local_runner.python=.venv-examples/bin/python.
 # uv resolves and installs the ~90 packages several times faster than pip (CI's time budget).
+# uv compiles the byte code at install (pip does, uv does not by default): agents start in these venvs
+# many times a run, and with PYTHONDONTWRITEBYTECODE set (as on this machine) every start would compile it again
+# (mini-swe-agent's litellm import: 16 s of CPU without, 8 s with).
 .venv-examples/.installed: pyproject.toml
 	rm -rf .venv-examples
 	$(PYTHON) -m venv .venv-examples
 	.venv-examples/bin/pip install --quiet uv
 	$(REQUIREMENTS) calc_x openai_agents langgraph gsm8k search_r1 llm_in_sandbox science_world examples_lint \
 		> .venv-examples/requirements.txt
-	.venv-examples/bin/uv pip install --python .venv-examples/bin/python --quiet -r .venv-examples/requirements.txt
+	.venv-examples/bin/uv pip install --python .venv-examples/bin/python --quiet --compile-bytecode \
+		-r .venv-examples/requirements.txt
 	$(EDITABLE) .venv-examples/bin/uv pip install --python .venv-examples/bin/python --quiet --no-deps -e .
 	touch $@
 
@@ -155,7 +159,8 @@ examples-venv: .venv-examples/.installed
 	rm -rf .venv-swe
 	$(PYTHON) -m venv .venv-swe
 	.venv-swe/bin/pip install --quiet uv
-	.venv-swe/bin/uv pip install --python .venv-swe/bin/python --quiet mini-swe-agent==2.4.6 pytest==9.2.0
+	.venv-swe/bin/uv pip install --python .venv-swe/bin/python --quiet --compile-bytecode \
+		mini-swe-agent==2.4.6 pytest==9.2.0
 	touch $@
 
 swe-venv: .venv-swe/.installed
