@@ -110,8 +110,9 @@ test-core: $(STAMP)
 
 # Three workers: the tests on the session's vLLM server are one group (tests/conftest.py), the
 # vLLM tests that start their own servers and the examples' files spread over the other two.
+# The slowest tests are listed at the end: this phase is what CI's time depends on.
 test-heavy: $(TEST_ENVS)
-	$(BIN)/pytest -q -n $(or $(TEST_WORKERS),3) --dist loadgroup $(HEAVY_TESTS)
+	$(BIN)/pytest -q -n $(or $(TEST_WORKERS),3) --dist loadgroup --durations=25 $(HEAVY_TESTS)
 
 test-postgres: $(STAMP)
 	AGL_TEST_STORE=postgres $(PYTEST) $(POSTGRES_PASS)
