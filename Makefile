@@ -80,7 +80,8 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-# Two workers (pytest-xdist): a test file stays on one worker, tests/vllm all on one (tests/conftest.py).
+# Two workers (pytest-xdist): each test goes to a free worker; the tests on the session vLLM server all
+# go to one (tests/conftest.py).
 # Most tests wait on the processes they start, so two workers keep both cores busy.
 PYTEST := $(BIN)/pytest -q -n $(or $(TEST_WORKERS),2) --dist loadgroup
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from _pytest.nodeid import coerce_node_id
 
 from agentlightning.launch import Service
 from agentlightning.launch import start_gateway as start_gateway_process
@@ -17,15 +19,22 @@ from tests.postgres import store_is_postgres
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `pytest -n N --dist loadgroup`: a file's tests stay on one worker (its module
-    fixtures start once), and so do all the tests on the session's real vLLM server (`vllm_server`:
-    started once); the vLLM tests that start servers of their own run beside them."""
-    root = Path(__file__).parent
+    """Under `pytest -n N --dist loadgroup`: the tests on the session's real vLLM server
+    (`vllm_server`) all run on one worker, so that it starts once; every other test goes to
+    whichever worker is free (the vLLM tests that start servers of their own run beside them)."""
+    # On an xdist worker, `--dist loadgroup` is read back as `config.option.loadgroup`.
+    on_loadgroup_worker = bool(os.environ.get("PYTEST_XDIST_WORKER")) and getattr(
+        config.option, "loadgroup", False
+    )
     for item in items:
-        parts = item.path.relative_to(root).parts
-        shared_vllm = "vllm_server" in getattr(item, "fixturenames", ())
-        group = "vllm" if shared_vllm else "/".join(parts)
-        item.add_marker(pytest.mark.xdist_group(group))
+        if "vllm_server" not in getattr(item, "fixturenames", ()):
+            continue
+        item.add_marker(pytest.mark.xdist_group("vllm"))
+        if on_loadgroup_worker and "@" not in item.nodeid:
+            # xdist 3.8 groups by an `@GROUP` suffix it writes to `item._nodeid`, which pytest 9
+            # no longer reads (a node's id is `_id`): without this the group's tests went to any
+            # worker, and each worker started the session's vLLM server (~200 s) again.
+            item._id = coerce_node_id(f"{item.nodeid}@vllm")
 
 
 @dataclass
