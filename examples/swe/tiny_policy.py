@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -285,13 +285,9 @@ def build(out: Path, cfg: TinyConfig) -> dict[str, Any]:
     started = time.perf_counter()
     corpus = [as_text(m) for _, _, m in demonstrations(400, cfg.seed + 1, correct_prob=1.0)]
     tokenizer = tokenizer_from_json(bpe_json(corpus, cfg.vocab_size))
+    # TinyConfig's size fields are TinyModelConfig's (flat, for the command line).
     model_cfg = TinyModelConfig(
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads,
-        max_position_embeddings=cfg.max_position_embeddings,
+        **{f.name: getattr(cfg, f.name) for f in fields(TinyModelConfig) if hasattr(cfg, f.name)}
     )
     model = build_model(model_cfg, seed=cfg.seed, tokenizer=tokenizer)
     demos = demonstrations(cfg.steps * cfg.batch_size, cfg.seed, cfg.correct_prob)
