@@ -4,11 +4,12 @@ What a command inside sees:
   * `workspace` read-write at `mount_at` (default `/workspace`), its working directory;
   * `/usr` (and the `/bin`, `/lib*`, `/sbin` links or folders), a few `/etc` files the dynamic
     loader and `getpwuid` need, and the `read_only` paths (e.g. a Python prefix) at their own paths,
-    all read-only;
+    all read-only; the `read_write` paths (a harness's home) at their own paths, writable;
   * a private `/tmp`, `/dev` and `/proc`; no network at all (its own loopback only, so even
     servers on the host's loopback are out of reach) unless `network=True`;
   * its own PID namespace: it cannot see or signal processes outside, and when the command ends
-    or is killed, every process it started goes with it (the namespace's init dies);
+    or is killed, every process it started goes with it (the namespace's init dies); a sandboxed
+    process's `wait` returns only once that namespace is gone, so nothing it started outlives it;
   * only the environment given in `env` (plus PATH, HOME, LANG): bwrap itself starts with none,
     so not even `/proc/1/environ` shows what the caller holds.
 
@@ -20,16 +21,19 @@ Needs Debian's `bubblewrap` (`bwrap` on PATH); `available()` says whether it is 
 
 from __future__ import annotations
 
+import json
 import os
+import select
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-__all__ = ["Sandbox", "SandboxResult", "SandboxUnavailable", "available", "python_paths"]
+__all__ = ["Sandbox", "SandboxProcess", "SandboxResult", "SandboxUnavailable", "available", "python_paths"]
 
 # /etc files that ordinary programs read (the loader's cache, user and group names, locale data).
 _ETC_FILES = (
@@ -93,12 +97,16 @@ class Sandbox:
     workspace: Path
     mount_at: str = "/workspace"
     read_only: Sequence[Path] = ()
+    read_write: Sequence[Path] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     network: bool = False
     path: str = "/usr/local/bin:/usr/bin:/bin"
 
-    def argv(self, command: Sequence[str]) -> list[str]:
-        """The bwrap command line that runs `command` inside this sandbox."""
+    def argv(self, command: Sequence[str], *, info_fd: int | None = None) -> list[str]:
+        """The bwrap command line that runs `command` inside this sandbox.
+
+        `info_fd`: where bwrap writes its JSON (the namespace's init as `child-pid`) and closes.
+        """
         bwrap = shutil.which("bwrap")
         if bwrap is None:
             raise SandboxUnavailable(
@@ -121,11 +129,12 @@ class Sandbox:
         for name in _ETC_FILES:
             if Path("/etc", name).exists():
                 args += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
-        for extra in self.read_only:
-            real = Path(extra).resolve()
-            args += ["--ro-bind", str(real), str(real)]
-            if Path(extra).absolute() != real:  # a symlinked venv: keep its own path working too
-                args += ["--ro-bind", str(real), str(Path(extra).absolute())]
+        for flag, paths in (("--ro-bind", self.read_only), ("--bind", self.read_write)):
+            for extra in paths:
+                real = Path(extra).resolve()
+                args += [flag, str(real), str(real)]
+                if Path(extra).absolute() != real:  # a symlinked venv: keep its own path working too
+                    args += [flag, str(real), str(Path(extra).absolute())]
         args += [
             "--dev", "/dev",
             "--proc", "/proc",
@@ -142,11 +151,22 @@ class Sandbox:
         ]  # fmt: skip
         for key, value in self.env.items():
             args += ["--setenv", key, value]
+        if info_fd is not None:
+            args += ["--info-fd", str(info_fd)]
         return [*args, "--", *command]
 
-    def popen(self, command: Sequence[str], **kwargs) -> subprocess.Popen:
+    def popen(self, command: Sequence[str], **kwargs) -> SandboxProcess:
         """Start `command` in the sandbox, in its own process group (see `kill`)."""
-        return subprocess.Popen(self.argv(command), start_new_session=True, **kwargs)
+        read_end, write_end = os.pipe()
+        try:
+            proc = SandboxProcess(
+                self.argv(command, info_fd=write_end), start_new_session=True, pass_fds=(write_end,), **kwargs
+            )
+        finally:
+            os.close(write_end)
+        with open(read_end, "rb") as info:  # written once the namespace exists, then closed by bwrap
+            proc.watch_namespace(info.read())
+        return proc
 
     def run(self, command: Sequence[str], *, timeout: float, input: str | None = None) -> SandboxResult:
         """Run `command` to its end or `timeout` seconds; on timeout everything it started is killed."""
@@ -164,6 +184,57 @@ class Sandbox:
             kill(proc)
             stdout, stderr = proc.communicate()
             return SandboxResult(proc.returncode, stdout or "", stderr or "", timed_out=True)
+
+
+class SandboxProcess(subprocess.Popen):
+    """bwrap running a command, whose `wait` also waits for the command's PID namespace to go.
+
+    bwrap exits as soon as the command does (its init reports the exit status first), while the
+    kernel is still killing what the command left running; without this, `run` could return with
+    a background child of the command still alive for a moment.
+    """
+
+    _init: int | None = None  # a pidfd of the namespace's init, until it has exited
+
+    def watch_namespace(self, info: bytes) -> None:
+        """Follow the namespace's init that bwrap's `--info-fd` JSON names (nothing if it names none)."""
+        try:
+            fields = json.loads(info)
+            pid, namespace = int(fields["child-pid"]), int(fields["pid-namespace"])
+        except (ValueError, KeyError, TypeError):
+            return  # bwrap failed before creating it: its own exit status says why
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return  # already gone, and its namespace with it
+        # The pid may have been reaped and reused already; only the namespace's own init counts.
+        try:
+            ours = os.readlink(f"/proc/{pid}/ns/pid") == f"pid:[{namespace}]"
+        except OSError:
+            ours = False
+        if ours:
+            self._init = pidfd
+        else:
+            os.close(pidfd)
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        code = super().wait(timeout)
+        if self._init is not None:
+            # The init's pidfd turns readable when it exits, which the kernel lets happen only
+            # after every other process of its namespace has exited.
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self._init], [], [], left)[0]:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            os.close(self._init)
+            self._init = None
+        return code
+
+    def __del__(self) -> None:
+        if self._init is not None:  # never waited for
+            os.close(self._init)
+            self._init = None
+        super().__del__()
 
 
 def kill(proc: subprocess.Popen) -> None:

@@ -127,33 +127,62 @@ def test_no_network_not_even_the_hosts_loopback(box: Sandbox) -> None:
         server.shutdown()
 
 
-def test_timeout_kills_everything_the_command_started(box: Sandbox) -> None:
-    # A daemonized grandchild (setsid, background) writes its host-visible pid file and sleeps.
-    r = box.run(["sh", "-c", "setsid sh -c 'echo $$ > pid; exec sleep 300' & sleep 300"], timeout=3)
-    assert r.timed_out
-    # Inside its PID namespace the grandchild's pid means nothing here; look for any sleep 300
-    # whose root is not ours: none may survive (the namespace's init died with bwrap).
-    left = []
+def _alive_in(namespace: str) -> list[str]:
+    """Host pids of the live processes in a PID namespace (`pid:[…]`, as the sandbox read it).
+
+    Zombies are not counted: the namespace's exited init waits there for this machine's PID 1 to
+    reap it, and holds nothing.
+    """
+    found = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
-                cmd = (proc / "cmdline").read_bytes().split(b"\0")
-            except OSError:
+                same = os.readlink(proc / "ns" / "pid") == namespace
+                state = (proc / "stat").read_text().rsplit(") ", 1)[1][0]
+            except (OSError, IndexError):
                 continue
-            if cmd[:2] == [b"sleep", b"300"]:
-                left.append(proc.name)
-    assert left == []
+            if same and state != "Z":
+                found.append(proc.name)
+    return found
+
+
+# Print the command's PID namespace, then leave a background child holding 100 MB: its exit takes
+# the kernel a moment (freeing the memory), widening the window in which bwrap has already exited
+# while the namespace is still being torn down.
+_LEAVE_A_CHILD = (
+    "readlink /proc/self/ns/pid; nohup {python} -c "
+    "\"b = bytearray(100 * 2**20); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(300)\" "
+    ">/dev/null 2>&1 & sleep 0.3; {then}"
+)
+
+
+def test_timeout_kills_everything_the_command_started(box: Sandbox) -> None:
+    # The child daemonizes (setsid) and the command outwaits its timeout: killing bwrap's process
+    # group kills the namespace's init, and the kernel every process of the namespace with it.
+    command = _LEAVE_A_CHILD.format(python=f"setsid {sys.executable}", then="sleep 300")
+    r = box.run(["sh", "-c", command], timeout=3)
+    assert r.timed_out
+    assert _alive_in(r.stdout.split()[0]) == []
 
 
 def test_commands_that_end_leave_nothing_behind(box: Sandbox) -> None:
-    r = box.run(["sh", "-c", "nohup sleep 301 >/dev/null 2>&1 & echo started"], timeout=30)
-    assert r.stdout.strip() == "started" and not r.timed_out
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                assert (proc / "cmdline").read_bytes().split(b"\0")[:2] != [b"sleep", b"301"]
-            except OSError:
-                continue
+    # `run` returns once the namespace is gone, not when bwrap exits (bwrap reports the command's
+    # status before the kernel has killed what it left): ten rounds, none may leave a process
+    # (without that wait, a round left one about a third of the time here).
+    for round in range(10):
+        r = box.run(
+            ["sh", "-c", _LEAVE_A_CHILD.format(python=sys.executable, then="echo started")], timeout=60
+        )
+        namespace, said = r.stdout.split()
+        assert said == "started" and not r.timed_out, r.stderr
+        assert _alive_in(namespace) == [], f"round {round}"
+
+
+def test_a_sandbox_that_cannot_start_says_why(box: Sandbox) -> None:
+    # bwrap fails before creating the namespace: no init to wait for, its own error is the result.
+    broken = Sandbox(workspace=box.workspace, read_only=(box.workspace / "missing",))
+    r = broken.run(["true"], timeout=30)
+    assert r.returncode != 0 and "missing" in r.stderr
 
 
 def test_cannot_see_or_signal_processes_outside(box: Sandbox) -> None:

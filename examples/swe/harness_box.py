@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from agentlightning.sandbox import kill
+from agentlightning.sandbox import Sandbox, kill
 from examples.swe.bank import find
 from examples.swe.grader import grade
 from examples.swe.mini_agent import post_reward
@@ -39,27 +39,26 @@ def inner_url(gateway_url: str) -> str:
     return f"http://127.0.0.1:{INNER_PORT}{urlsplit(gateway_url).path}"
 
 
-def boxed_argv(
+def harness_sandbox(
     ws: Path,
     socket_path: Path,
-    command: Sequence[str],
     env: Mapping[str, str],
     read_write: Sequence[Path] = (),
     read_only: Sequence[Path] = (),
-) -> list[str]:
-    """The bwrap command line: the inner relay on the sandbox's loopback, then `command`."""
+) -> Sandbox:
+    """The agent's sandbox, with the harness's own folders and the relay's socket folder bound in."""
     box = agent_sandbox(ws)
-    box = replace(box, env={**box.env, **env})
-    argv = box.argv(["python", "-c", INNER, str(socket_path), str(INNER_PORT), "--", *command])
-    extra: list[str] = []
-    for flag, paths in (("--bind", [*read_write, socket_path.parent]), ("--ro-bind", read_only)):
-        for path in paths:
-            real = Path(path).resolve()
-            extra += [flag, str(real), str(real)]
-            if Path(path).absolute() != real:  # reached through a link: its own path must work too
-                extra += [flag, str(real), str(Path(path).absolute())]
-    at = argv.index("--")
-    return [*argv[:at], *extra, *argv[at:]]
+    return replace(
+        box,
+        env={**box.env, **env},
+        read_write=[*read_write, socket_path.parent],
+        read_only=[*box.read_only, *read_only],
+    )
+
+
+def relayed(socket_path: Path, command: Sequence[str]) -> list[str]:
+    """`command` run behind the inner relay, which serves the Gateway on the sandbox's loopback."""
+    return ["python", "-c", INNER, str(socket_path), str(INNER_PORT), "--", *command]
 
 
 def run_rollout(
@@ -83,11 +82,12 @@ def run_rollout(
         url = urlsplit(gateway_url)
         timeout = float(os.environ.get("SWE_HARNESS_TIMEOUT", "900"))
         with GatewayRelay(run / "gateway.sock", url.hostname or "127.0.0.1", url.port or 80) as relay:
-            argv = boxed_argv(ws, relay.path, [*command, task.problem_statement], env, [home, *read_write],
-                              read_only)  # fmt: skip
-            proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                start_new_session=True,
+            box = harness_sandbox(ws, relay.path, env, [home, *read_write], read_only)
+            # The box's `communicate` returns once nothing the harness started is left running:
+            # the workspace is graded as it stands.
+            proc = box.popen(
+                relayed(relay.path, [*command, task.problem_statement]),
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             )  # fmt: skip
             try:
                 output, _ = proc.communicate(timeout=timeout)
