@@ -70,7 +70,7 @@ $(VERL_VENV)/.installed: pyproject.toml
 	touch $@
 
 test-verl: $(VERL_VENV)/.installed
-	$(VERL_VENV)/bin/python -m pytest -q tests/verl
+	$(VERL_VENV)/bin/python -m pytest -q --durations=15 tests/verl
 
 lint: venv
 	$(BIN)/ruff check $(LINT_DIRS)
@@ -83,7 +83,7 @@ typecheck: venv
 # Two workers (pytest-xdist): each test goes to a free worker; the tests on the session vLLM server all
 # go to one (tests/conftest.py).
 # Most tests wait on the processes they start, so two workers keep both cores busy.
-PYTEST := $(BIN)/pytest -q -n $(or $(TEST_WORKERS),2) --dist loadgroup
+PYTEST := $(BIN)/pytest -q -n $(or $(TEST_WORKERS),2) --dist loadgroup --durations=15
 
 # The API suite once more with every Gateway on Postgres (tests/postgres.py starts its own server).
 POSTGRES_PASS := tests/server/test_api.py tests/server/test_batch_routes.py tests/server/test_proxy.py \
