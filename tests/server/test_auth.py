@@ -27,7 +27,14 @@ def bearer(key: str) -> dict[str, str]:
 
 @pytest.fixture
 def api() -> Iterator[TestClient]:
-    app = create_app({"key": ADMIN, "controller_key": CONTROLLER, "store": {"url": "memory://"}})
+    # One try at the registered (dead) endpoint: the proxy's 502 comes at once, not after 15 s of backoff.
+    config = {
+        "key": ADMIN,
+        "controller_key": CONTROLLER,
+        "store": {"url": "memory://"},
+        "proxy": {"max_tries": 1},
+    }
+    app = create_app(config)
     with TestClient(app, headers=bearer(ADMIN)) as client:
         client.gateway_app = app  # type: ignore[attr-defined]
         rollouts = [{"rollout_id": rid, "input": {"q": rid}} for rid in (MINE, OTHER)]
