@@ -223,8 +223,11 @@ class SandboxProcess(subprocess.Popen):
         if self._init is not None:
             # The init's pidfd turns readable when it exits, which the kernel lets happen only
             # after every other process of its namespace has exited.
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not select.select([self._init], [], [], left)[0]:
+            # (poll, not select: a busy caller's descriptors may be numbered past select's 1024)
+            waiter = select.poll()
+            waiter.register(self._init, select.POLLIN)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic()) * 1000
+            if not waiter.poll(left):
                 raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
             os.close(self._init)
             self._init = None

@@ -178,6 +178,23 @@ def test_commands_that_end_leave_nothing_behind(box: Sandbox) -> None:
         assert _alive_in(namespace) == [], f"round {round}"
 
 
+def test_a_caller_with_many_open_files_still_waits(box: Sandbox) -> None:
+    # A Controller running many agents holds many descriptors: the namespace's pidfd then gets a
+    # number past 1024, which select() cannot wait on.
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        r = box.run(["sh", "-c", "echo done"], timeout=30)
+        assert r.stdout.strip() == "done" and r.returncode == 0, r.stderr
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_a_sandbox_that_cannot_start_says_why(box: Sandbox) -> None:
     # bwrap fails before creating the namespace: no init to wait for, its own error is the result.
     broken = Sandbox(workspace=box.workspace, read_only=(box.workspace / "missing",))
