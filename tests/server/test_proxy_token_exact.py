@@ -238,6 +238,17 @@ def test_an_upstream_without_the_endpoints_is_passed_through(
             gw.process.stop()
 
 
+def send_back_compact(messages: list[dict[str, Any]], message: dict[str, Any]) -> None:
+    """Append the model's tool calls to `messages` as harnesses send them back: the arguments
+    re-serialized compact, each call answered "9"."""
+    for call in message.get("tool_calls") or []:
+        function = {"name": call["function"]["name"], "arguments": compact(call["function"]["arguments"])}
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [{**call, "function": function}]},
+            {"role": "tool", "tool_call_id": call["id"], "content": "9"},
+        ]
+
+
 def tool_loop_call(rollout: Rollout, messages: list[dict[str, Any]]) -> Any:
     """One call of a chat tool loop that sends the model's tool calls back compact."""
     message = (
@@ -245,15 +256,7 @@ def tool_loop_call(rollout: Rollout, messages: list[dict[str, Any]]) -> Any:
         .choices[0]
         .message
     )  # type: ignore[arg-type]
-    for call in message.tool_calls or []:
-        resent = {
-            **call.model_dump(),
-            "function": {"name": "calc", "arguments": compact(call.function.arguments)},
-        }  # type: ignore[union-attr]
-        messages += [
-            {"role": "assistant", "content": None, "tool_calls": [resent]},
-            {"role": "tool", "tool_call_id": call.id, "content": "9"},
-        ]
+    send_back_compact(messages, message.model_dump())
     return message
 
 

@@ -4,7 +4,6 @@ the other answers; long-polls wake across them; pause/drain is global."""
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,6 +18,7 @@ from agentlightning.client import GatewayClient
 from agentlightning.testing.fake_model_server import FakeModelServer, Reply, ToolCall
 from tests import postgres
 from tests.conftest import RunningGateway, start_gateway
+from tests.server.test_proxy_token_exact import CHAT_TOOLS, WRITTEN, send_back_compact
 
 KEY = "replica-key"
 SECRET = "replica-token-secret"
@@ -255,8 +255,6 @@ def test_an_attempt_served_by_both_replicas_in_turn_stays_one_token_sequence(
     sent A, B, A on the token path (the model's tool calls sent back compact, as harnesses do)
     is still one token sequence: one training row."""
     a, b = pair
-    written = '{"expr": "3*3"}'
-    tools = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
     with FakeModelServer() as fake:
         fake.state.scale_out = True
         api(a, "DELETE", "/api/models")
@@ -268,7 +266,7 @@ def test_an_attempt_served_by_both_replicas_in_turn_stays_one_token_sequence(
         eventually(lambda: call(b, probe).status_code == 200 and fake.state.total > 0)
         fake.state.reset()
         fake.script(
-            Reply(content="", tool_calls=[ToolCall("calc", written)]),
+            Reply(content="", tool_calls=[ToolCall("calc", WRITTEN)]),
             Reply(content="", tool_calls=[ToolCall("calc", '{"expr": "9+1"}')]),
             Reply(content="it is 10"),
         )
@@ -276,18 +274,9 @@ def test_an_attempt_served_by_both_replicas_in_turn_stays_one_token_sequence(
         messages: list[dict[str, Any]] = [{"role": "user", "content": "what is 3*3+1"}]
         for gw in (a, b, a):
             path = f"/proxy/rollout/{rid}/attempt/a1/mode/train/openai/v1/chat/completions"
-            answer = api(gw, "POST", path, json={"model": "m", "messages": messages, "tools": tools}).json()
-            message = answer["choices"][0]["message"]
-            for tool_call in message.get("tool_calls") or []:
-                arguments = json.dumps(json.loads(tool_call["function"]["arguments"]), separators=(",", ":"))
-                messages += [
-                    {
-                        "role": "assistant",
-                        "content": None,
-                        "tool_calls": [{**tool_call, "function": {"name": "calc", "arguments": arguments}}],
-                    },
-                    {"role": "tool", "tool_call_id": tool_call["id"], "content": "9"},
-                ]
+            body = {"model": "m", "messages": messages, "tools": CHAT_TOOLS}
+            message = api(gw, "POST", path, json=body).json()["choices"][0]["message"]
+            send_back_compact(messages, message)
         assert message["content"] == "it is 10"
         with GatewayClient(a.url, KEY) as client:
             events = client.get_events_json(rid, format="raw", attempt_id="a1")
