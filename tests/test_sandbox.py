@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -148,11 +149,12 @@ def _alive_in(namespace: str) -> list[str]:
 
 # Print the command's PID namespace, then leave a background child holding 100 MB: its exit takes
 # the kernel a moment (freeing the memory), widening the window in which bwrap has already exited
-# while the namespace is still being torn down.
+# while the namespace is still being torn down. The command goes on once the child holds it.
 _LEAVE_A_CHILD = (
-    "readlink /proc/self/ns/pid; nohup {python} -c "
-    "\"b = bytearray(100 * 2**20); b[::4096] = b'x' * len(b[::4096]); import time; time.sleep(300)\" "
-    ">/dev/null 2>&1 & sleep 0.3; {then}"
+    "rm -f held; readlink /proc/self/ns/pid; nohup {python} -c "
+    "\"b = bytearray(100 * 2**20); b[::4096] = b'x' * len(b[::4096]); open('held', 'w').close(); "
+    'import time; time.sleep(300)" >/dev/null 2>&1 & '
+    "until [ -e held ]; do sleep 0.05; done; {then}"
 )
 
 
@@ -168,7 +170,7 @@ def test_timeout_kills_everything_the_command_started(box: Sandbox) -> None:
 def test_commands_that_end_leave_nothing_behind(box: Sandbox) -> None:
     # `run` returns once the namespace is gone, not when bwrap exits (bwrap reports the command's
     # status before the kernel has killed what it left): ten rounds, none may leave a process
-    # (without that wait, a round left one about a third of the time here).
+    # (without that wait, every run of this test failed here).
     for round in range(10):
         r = box.run(
             ["sh", "-c", _LEAVE_A_CHILD.format(python=sys.executable, then="echo started")], timeout=60
@@ -181,8 +183,6 @@ def test_commands_that_end_leave_nothing_behind(box: Sandbox) -> None:
 def test_a_caller_with_many_open_files_still_waits(box: Sandbox) -> None:
     # A Controller running many agents holds many descriptors: the namespace's pidfd then gets a
     # number past 1024, which select() cannot wait on.
-    import resource
-
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
     held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
