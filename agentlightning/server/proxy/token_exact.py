@@ -111,7 +111,8 @@ class TokenExact:
             for event in await store.list_events(rollout_id, attempt_id, EVENT_MODEL_REQUEST)
             if (read := turn_of(orjson.loads(event.record.data))) is not None
         ]
-        turn = answered([t for t, _ in stored], messages)
+        read_back = [t for t, _ in stored]
+        turn = answered(read_back, messages)
         if turn is None:  # an answer the attempt never got: the agent edited it
             return turns
         if turn.rendered is None and model is not None:
@@ -120,7 +121,7 @@ class TokenExact:
             if rendered.error is None and rendered.status == 200:
                 turn.rendered = orjson.loads(rendered.body)["token_ids"]
         log.debug("history_read_back", rollout_id=rollout_id, attempt_id=attempt_id, calls=len(stored))
-        self.history.replace(rollout_id, attempt_id, [t for t, _ in stored])
+        self.history.replace(rollout_id, attempt_id, read_back)
         return self.history.turns(rollout_id, attempt_id)
 
     def serves(self, endpoint: str) -> bool | None:
