@@ -401,6 +401,7 @@ class PolicyUpdater:
                 old[id(r)] = torch.tensor(lp, dtype=torch.float32)
         sums: dict[str, float] = defaultdict(float)
         n_steps, grad_norms, tokens = 0, [], 0
+        norm_before = self.param_norm()
         self.model.train()
         for _ in range(cfg.ppo_epochs):
             for mb in mini_batches:
@@ -425,12 +426,24 @@ class PolicyUpdater:
         self.model.eval()
         metrics = {f"actor/{k}": v if k in _MAX_STATS else v / max(n_steps, 1) for k, v in sums.items()}
         metrics["actor/grad_norm"] = sum(grad_norms) / max(len(grad_norms), 1)
+        # Whether the update moved the weights at all (a zero-advantage batch does not): the norm
+        # of the trainable weights before and after, two reductions, no copy of the weights.
+        metrics["actor/param_norm"] = self.param_norm()
+        metrics["actor/param_norm_change"] = abs(metrics["actor/param_norm"] - norm_before)
         metrics["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["actor/optimizer_steps"] = float(n_steps)
         metrics["perf/update_time_s"] = elapsed
         metrics["perf/update_tokens_per_s"] = tokens / elapsed if elapsed > 0 else 0.0
         metrics["actor/old_log_prob_recomputed"] = float(need_old)
         return metrics
+
+    @torch.no_grad()
+    def param_norm(self) -> float:
+        """The L2 norm of the trainable weights (float64 sums: a small step must show)."""
+        total = sum(
+            float(p.detach().double().pow(2).sum()) for p in self.model.parameters() if p.requires_grad
+        )
+        return math.sqrt(total)
 
     def backward(
         self, rows: Sequence[TrainingRow], old: dict[int, torch.Tensor] | None = None
@@ -513,6 +526,13 @@ class PolicyUpdater:
             "scheduler": self.scheduler.state_dict(),
             "steps": self.steps,
         }
+
+    def set_lr(self, lr: float) -> None:
+        """The learning rate from now on (the warm-up's factor still applies to it)."""
+        self.scheduler.base_lrs = [lr for _ in self.optimizer.param_groups]
+        for group in self.optimizer.param_groups:
+            group["initial_lr"] = lr
+            group["lr"] = lr * self._lr_factor(self.scheduler.last_epoch)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])

@@ -86,13 +86,7 @@ class TorchBackend:
             policy, self.config.actor, device=device, correction=self.config.rollout_correction
         )
         if state is not None:
-            policy_state = state["policy"]
-            if self.peft_model is not None:  # the checkpoint holds the adapter; the base is rebuilt
-                try:
-                    policy_state = {**policy_state, "model": full_state(policy, policy_state["model"])}
-                except ValueError as exc:
-                    raise ConfigError(f"actor_rollout_ref.model.lora_rank: {exc}") from None
-            self.updater.load_state_dict(policy_state)
+            self._load_policy(state["policy"])
             set_torch_rng_state(state["rng"])
         self.engine = open_rollout_engine(
             self.config.rollout,
@@ -107,6 +101,19 @@ class TorchBackend:
             lora_rank=self.config.lora.rank,
         )
         return self.engine.start(self._served())
+
+    def _load_policy(self, policy_state: dict[str, Any]) -> None:
+        """A checkpoint's policy and optimizer state into the updater."""
+        assert self.updater is not None, "start() first"
+        if self.peft_model is not None:  # the checkpoint holds the adapter; the base is rebuilt
+            try:
+                policy_state = {
+                    **policy_state,
+                    "model": full_state(self.updater.model, policy_state["model"]),
+                }
+            except ValueError as exc:
+                raise ConfigError(f"actor_rollout_ref.model.lora_rank: {exc}") from None
+        self.updater.load_state_dict(policy_state)
 
     def _served(self) -> Any:
         """What the engine serves: the policy, or with LoRA its PeftModel (the engine moves the adapter)."""
@@ -148,6 +155,11 @@ class TorchBackend:
             policy["model"] = adapter_state(self.updater.model)
             save_adapter(self.peft_model, folder / ADAPTER_DIR)
         save_policy_state(folder, {"policy": policy, "rng": torch_rng_state()})
+
+    def restore(self, folder: Path, lr_scale: float) -> None:
+        self._load_policy(load_policy_state(folder)["policy"])
+        assert self.updater is not None
+        self.updater.set_lr(self.config.actor.optim.lr * lr_scale)
 
     def close(self) -> None:
         if self.engine is not None:

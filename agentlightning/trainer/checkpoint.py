@@ -3,6 +3,7 @@
     {default_local_dir}/global_step_{N}/loop_state.json       the loop's own state (the core)
     {default_local_dir}/global_step_{N}/...                   the backend's files (weights, optimizer)
     {default_local_dir}/latest_checkpointed_iteration.txt     (holds N)
+    {default_local_dir}/best_checkpointed_iteration.txt       (the best validation's N: `trainer.keep_best`)
 
 The loop state is the step, the served model version, the data position, Python's RNG and the
 config. A checkpoint is written into a temporary directory — the backend's files first, the
@@ -27,6 +28,7 @@ from agentlightning.log import get_logger
 log = get_logger("checkpoint")
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
+BEST_FILE = "best_checkpointed_iteration.txt"
 LOOP_STATE_FILE = "loop_state.json"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
@@ -52,9 +54,11 @@ def save_checkpoint(
     loop_state: dict[str, Any],
     save_backend: Callable[[Path], None],
     keep: int | None = None,
+    protect: int | None = None,
 ) -> Path:
     """Write the checkpoint of `step`: `save_backend(folder)` writes the backend's files, then the
-    loop state is written; keep the newest `keep` checkpoints (None or <= 0: all)."""
+    loop state is written; keep the newest `keep` checkpoints (None or <= 0: all) and the one of
+    step `protect` (the best)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = step_dir(root, step)
@@ -70,15 +74,35 @@ def save_checkpoint(
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
-    latest_tmp = root / f".{LATEST_FILE}.tmp"
-    latest_tmp.write_text(f"{step}\n")
-    fsync_file(latest_tmp)
-    latest_tmp.replace(root / LATEST_FILE)
+    _write_step_file(root, LATEST_FILE, step)
     if keep is not None and keep > 0:
         for old in sorted(list_checkpoints(root))[:-keep]:
-            shutil.rmtree(step_dir(root, old), ignore_errors=True)
+            if old != protect:
+                shutil.rmtree(step_dir(root, old), ignore_errors=True)
     log.info("checkpoint_saved", step=step, path=str(final))
     return final
+
+
+def mark_best_checkpoint(root: str | Path, step: int) -> None:
+    """Record the checkpoint of `step` as the best (`best_checkpointed_iteration.txt`)."""
+    _write_step_file(Path(root), BEST_FILE, step)
+
+
+def best_checkpoint(root: str | Path) -> Path | None:
+    """The directory of the checkpoint marked best, or None (none marked, or it is gone)."""
+    file = Path(root) / BEST_FILE
+    try:
+        folder = step_dir(root, int(file.read_text().strip()))
+    except (OSError, ValueError):
+        return None
+    return folder if (folder / LOOP_STATE_FILE).is_file() else None
+
+
+def _write_step_file(root: Path, name: str, step: int) -> None:
+    tmp = root / f".{name}.tmp"
+    tmp.write_text(f"{step}\n")
+    fsync_file(tmp)
+    tmp.replace(root / name)
 
 
 def list_checkpoints(root: str | Path) -> list[int]:

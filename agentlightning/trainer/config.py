@@ -578,6 +578,31 @@ def core_config_keys() -> list[str]:
 
 
 @dataclass
+class CollapseGuardConfig:
+    """`trainer.collapse_guard.*`: what to do when validation falls from its best (`trainer/gains.py`)."""
+
+    enable: bool = True
+    margin: float = 0.15  # a collapse: `best_metric` more than this below the best ...
+    patience: int = 2  # ... for this many validations in a row
+    action: str = "rollback"  # rollback: reload the best checkpoint, lr × lr_scale, go on | stop
+    lr_scale: float = 0.5
+    max_rollbacks: int = 2  # then stop
+
+    def validate(self) -> None:
+        key = "trainer.collapse_guard"
+        if self.action not in ("rollback", "stop"):
+            raise ConfigError(f"{key}.action must be rollback or stop, got {self.action!r}")
+        if self.margin < 0:
+            raise ConfigError(f"{key}.margin must be >= 0, got {self.margin}")
+        if self.patience < 1:
+            raise ConfigError(f"{key}.patience must be >= 1, got {self.patience}")
+        if not 0 < self.lr_scale <= 1:
+            raise ConfigError(f"{key}.lr_scale must be in (0, 1], got {self.lr_scale}")
+        if self.max_rollbacks < 0:
+            raise ConfigError(f"{key}.max_rollbacks must be >= 0, got {self.max_rollbacks}")
+
+
+@dataclass
 class TrainerConfig:
     """`trainer.*` (verl names where they mean the same)."""
 
@@ -591,7 +616,10 @@ class TrainerConfig:
     default_local_dir: str = "checkpoints"  # where checkpoints go
     resume_mode: str = "auto"  # auto (the latest checkpoint, if any) | disable | resume_path
     resume_from_path: str | None = None  # a global_step_N directory, for resume_mode=resume_path
-    max_actor_ckpt_to_keep: int | None = 2  # None: keep all
+    max_actor_ckpt_to_keep: int | None = 2  # None: keep all (the best is kept besides these)
+    keep_best: bool = True  # save and keep the checkpoint of the best validation (`best_metric`)
+    best_metric: str = "val/reward"  # higher is better
+    collapse_guard: CollapseGuardConfig = field(default_factory=CollapseGuardConfig)
     logger: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     # Ours:
     output_dir: str = "."  # metrics.jsonl, tensorboard/
@@ -611,6 +639,11 @@ class TrainerConfig:
             raise ConfigError("trainer.resume_mode=resume_path needs trainer.resume_from_path")
         if self.torch_threads < 0:
             raise ConfigError(f"trainer.torch_threads must be >= 0, got {self.torch_threads}")
+        if not self.best_metric.startswith("val/"):
+            raise ConfigError(
+                f"trainer.best_metric must be a validation metric (val/...), got {self.best_metric!r}"
+            )
+        self.collapse_guard.validate()
 
 
 @dataclass

@@ -8,6 +8,8 @@ Each step:
     publish    pause the Gateway, drain in-flight calls, the backend puts the new weights into its
                serving engines, register the new version, resume (`RolloutManager.update_weights`)
     validate   every `trainer.test_freq` steps, and before the first and after the last
+    keep       a new best validation is saved and marked best; a collapse rolls back to it or
+               stops the run (`gains.py`, `trainer.keep_best`, `trainer.collapse_guard`)
     save       every `trainer.save_freq` steps and after the last (`checkpoint.py`)
 
 `trainer.resume_mode=auto` (the default) continues from the latest checkpoint: the step, model
@@ -43,15 +45,20 @@ from agentlightning.trainer.batch import (
     say_what_was_left_out,
 )
 from agentlightning.trainer.checkpoint import (
+    LOOP_STATE_FILE,
+    best_checkpoint,
     latest_checkpoint,
     load_loop_state,
+    mark_best_checkpoint,
     python_rng_state,
     save_checkpoint,
     set_python_rng_state,
+    step_dir,
 )
 from agentlightning.trainer.collector import make_collector
 from agentlightning.trainer.config import ConfigError, CoreConfig, DataConfig, TrainerConfig, TrainingConfig
 from agentlightning.trainer.data import DataCursor, load_files
+from agentlightning.trainer.gains import GainKeeper, Verdict
 from agentlightning.trainer.manager import RolloutManager
 from agentlightning.trainer.metrics import validation_metrics
 from agentlightning.trainer.policies import policy_views, prefixed, shared_view
@@ -82,6 +89,12 @@ class TrainerBackend(Protocol):
 
     def save(self, folder: Path) -> None:
         """Write the backend's state (weights, optimizer, RNG) into a checkpoint folder."""
+        ...
+
+    def restore(self, folder: Path, lr_scale: float) -> None:
+        """Load the policy and optimizer saved in a checkpoint folder (the collapse guard's
+        rollback) and set the learning rate to the configured one times `lr_scale`; the loop
+        publishes the restored policy next."""
         ...
 
     def close(self) -> None:
@@ -128,6 +141,13 @@ class TrainingLoop:
                 "several policies is not implemented (a group may carry signal for one role only)"
             )
         self.loop: TrainerConfig = settings.trainer
+        guard = self.loop.collapse_guard
+        if guard.enable and guard.action == "rollback" and not self.loop.keep_best:
+            raise ConfigError(
+                "trainer.collapse_guard.action=rollback reloads the best checkpoint, which "
+                "trainer.keep_best=false does not keep: set keep_best=true, action=stop or enable=false"
+            )
+        self.gains = GainKeeper(guard)
         self.data_config: DataConfig = settings.data
         train = list(train_dataset) if train_dataset is not None else None
         if train is None:
@@ -225,7 +245,9 @@ class TrainingLoop:
             log.info("nothing_to_train", step=self.step, total_steps=self.total_steps)
             return
         if self.step == 0 and loop.val_before_train:
-            self._validate(manager, tracker)
+            metrics = self._validate(manager, tracker)
+            if self._judge(metrics, {}) is Verdict.NEW_BEST and loop.keep_best:
+                self._save(best=True)  # the starting policy: what a run that only loses keeps
         last_validated = self.step
         while self.step < self.total_steps:
             started = time.perf_counter()
@@ -243,14 +265,27 @@ class TrainingLoop:
             metrics["training/global_step"] = step
             metrics["timing/step_s"] = time.perf_counter() - started
             last = self.step == self.total_steps
+            verdict = None
             if (loop.test_freq > 0 and step % loop.test_freq == 0) or last:
-                metrics.update(self._validate(manager, tracker, log_now=False))
+                validation = self._validate(manager, tracker, log_now=False)
+                metrics.update(validation)
+                verdict = self._judge(validation, metrics)
                 last_validated = step
             tracker.log(metrics, step)
-            if loop.save_freq > 0 and (step % loop.save_freq == 0 or last):
-                self._save()
+            best = verdict is Verdict.NEW_BEST and loop.keep_best
+            if best or (loop.save_freq > 0 and (step % loop.save_freq == 0 or last)):
+                self._save(best=best)
+            if verdict is Verdict.ROLL_BACK:
+                self._roll_back(manager, tracker)
+            elif verdict is Verdict.STOP:
+                tracker.print(self._collapse_line("stopping the run"))
+                log.warning("training_stopped_by_collapse_guard", step=self.step, **self.gains.state_dict())
+                break
         if last_validated != self.step:
-            self._validate(manager, tracker)
+            metrics = self._validate(manager, tracker)
+            if self._judge(metrics, {}) is Verdict.NEW_BEST and loop.keep_best:
+                self._save(best=True)
+        self._say_what_is_kept(tracker)
 
     @property
     def version(self) -> int:
@@ -306,6 +341,77 @@ class TrainingLoop:
             metrics.update(manager.update_policies(publish, new_versions))
             self.versions = new_versions
 
+    # --- keeping the gains ----------------------------------------------------------------
+
+    def _judge(self, validation: dict[str, float], metrics: dict[str, float]) -> Verdict | None:
+        """The gain keeper's verdict on a validation (None without the metric); its state goes
+        into `metrics` as `training/best_val`, `training/rollbacks` and `training/lr_scale`."""
+        value = validation.get(self.loop.best_metric)
+        if value is None:
+            return None
+        verdict = self.gains.observe(self.step, value)
+        s = self.gains.state
+        metrics.update(
+            {
+                "training/best_val": float(s.best_value or 0.0),
+                "training/best_step": float(s.best_step or 0),
+                "training/rollbacks": float(s.rollbacks),
+                "training/lr_scale": s.lr_scale,
+            }
+        )
+        return verdict
+
+    def _collapse_line(self, what: str) -> str:
+        s = self.gains.state
+        guard = self.loop.collapse_guard
+        return (
+            f"collapse guard: {self.loop.best_metric} more than {guard.margin:g} below its best "
+            f"({s.best_value:.3f}, step {s.best_step}) for {guard.patience} validation(s): {what}"
+        )
+
+    def _roll_back(self, manager: RolloutManager, tracker: Tracker) -> None:
+        """Reload the best checkpoint into every backend at the lowered learning rate and publish
+        it as a new version; the run goes on from the current step with new samples."""
+        folder = step_dir(self.loop.default_local_dir, self.gains.state.best_step or 0)
+        if not (folder / LOOP_STATE_FILE).is_file():  # keep_best saved it: removed by hand
+            raise RuntimeError(f"collapse guard: the best checkpoint {folder} is gone; cannot roll back")
+        scale = self.gains.state.lr_scale
+        tracker.print(
+            self._collapse_line(f"rolling back to step {self.gains.state.best_step}, lr × {scale:g}")
+        )
+        log.warning(
+            "collapse_guard_rollback", step=self.step, checkpoint=str(folder), **self.gains.state_dict()
+        )
+        for name, backend in self.backends.items():
+            backend.restore(self._backend_dir(folder, name) or folder, scale)
+        new_versions = {name: version + 1 for name, version in self.versions.items()}
+        publish = {
+            name: (lambda backend=backend, version=new_versions[name]: backend.publish(version))
+            for name, backend in self.backends.items()
+        }
+        if self.several:
+            manager.update_policies(publish, new_versions)
+        else:
+            name = next(iter(self.backends))
+            manager.update_weights(publish[name], new_versions[name])
+        self.versions = new_versions
+
+    def _say_what_is_kept(self, tracker: Tracker) -> None:
+        """The run's end, said plainly: which checkpoint is the best and what the final one is."""
+        s = self.gains.state
+        metric = self.loop.best_metric
+        if s.best_step is None or not self.history:
+            return
+        root = self.loop.default_local_dir
+        best = best_checkpoint(root) if self.loop.keep_best else None
+        kept = f"kept as {best}" if best else "not saved (trainer.keep_best=false)"
+        tracker.print(f"best: step {s.best_step}, {metric} {s.best_value:.3f}, {kept}")
+        final = self.history[-1].get(metric)
+        latest = step_dir(root, self.step)
+        saved = f"saved as {latest}" if latest == latest_checkpoint(root) else "not saved (trainer.save_freq)"
+        if final is not None:
+            tracker.print(f"final: step {self.step}, {metric} {final:.3f}, {saved}")
+
     def _validate(self, manager: RolloutManager, tracker: Tracker, log_now: bool = True) -> dict[str, float]:
         if not self.val_dataset:
             return {}
@@ -334,7 +440,8 @@ class TrainingLoop:
             return Path(self.loop.resume_from_path or "")
         return latest_checkpoint(self.loop.default_local_dir)
 
-    def _save(self) -> None:
+    def _save(self, best: bool = False) -> None:
+        """Checkpoint this step; `best`: and mark it the best (kept past rotation)."""
         state = {
             "step": self.step,
             "version": self.version,
@@ -342,6 +449,7 @@ class TrainingLoop:
             "data": self.data.state_dict(),
             "rng": python_rng_state(),
             "config": OmegaConf.to_container(self.config, resolve=True),
+            "gains": self.gains.state_dict(),
         }
 
         def save_backends(folder: Path) -> None:
@@ -350,9 +458,11 @@ class TrainingLoop:
                 target.mkdir(parents=True, exist_ok=True)
                 backend.save(target)
 
-        save_checkpoint(
-            self.loop.default_local_dir, self.step, state, save_backends, self.loop.max_actor_ckpt_to_keep
-        )
+        root = self.loop.default_local_dir
+        protect = self.gains.state.best_step if self.loop.keep_best else None
+        save_checkpoint(root, self.step, state, save_backends, self.loop.max_actor_ckpt_to_keep, protect)
+        if best:
+            mark_best_checkpoint(root, self.step)
 
     def _backend_dir(self, folder: Path | None, name: str) -> Path | None:
         """Where a policy's backend state lives in a checkpoint: the folder itself for one policy
@@ -373,3 +483,4 @@ class TrainingLoop:
             )
         self.versions = {name: int(versions[name]) for name in self.versions}
         set_python_rng_state(state["rng"])
+        self.gains = GainKeeper(self.loop.collapse_guard, state.get("gains"))

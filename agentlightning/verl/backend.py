@@ -135,6 +135,10 @@ class VerlBackend:
     def save(self, folder: Path) -> None:
         self._need_workers().save_checkpoint(str(folder / ACTOR_DIR), self.optimizer_steps)
 
+    def restore(self, folder: Path, lr_scale: float) -> None:
+        # lr_scale is 1 here: `validate` refuses any other (verl's scheduler is restored as saved)
+        self._need_workers().load_checkpoint(str(folder / ACTOR_DIR))
+
     def close(self) -> None:
         if self._own_client:
             self.client.close()

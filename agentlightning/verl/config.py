@@ -244,6 +244,28 @@ def _check_loss(cfg: DictConfig) -> None:
         raise ConfigError("actor_rollout_ref.rollout.name must be vllm: the verl backend serves with vLLM")
 
 
+def _check_rollback_lr(cfg: DictConfig, settings: TrainingConfig) -> None:
+    """The collapse guard's rollback loads verl's checkpoint with its optimizer and scheduler as
+    saved: verl's learning rate is not scaled. `lr_scale` is accepted at 1 and, like every torch-only
+    key, at the torch default (one file drives both backends; said once), and refused otherwise."""
+    guard = settings.trainer.collapse_guard
+    if not guard.enable or guard.action != "rollback" or guard.lr_scale == 1.0:
+        return
+    key = "trainer.collapse_guard.lr_scale"
+    if guard.lr_scale == OmegaConf.select(_torch_defaults(), key):
+        log.warning(
+            "config_key_not_applied_by_verl_backend",
+            key=key,
+            value=guard.lr_scale,
+            reason="a rollback restores verl's optimizer and scheduler as saved, at the same learning rate",
+        )
+        return
+    raise ConfigError(
+        f"{key}={guard.lr_scale:g}: the verl backend rolls back by loading verl's checkpoint, optimizer and "
+        "scheduler as saved, and cannot scale its learning rate; set lr_scale=1.0 or action=stop"
+    )
+
+
 def validate(cfg: DictConfig) -> tuple[TrainingConfig, VerlBackendConfig, DictConfig]:
     """The trainer's settings (parsed once here, for the loop and the backend), ours and the config
     verl sees; ConfigError naming the key when bad."""
@@ -252,6 +274,7 @@ def validate(cfg: DictConfig) -> tuple[TrainingConfig, VerlBackendConfig, DictCo
 
     settings = load_training_config(cfg)
     check_verl_keys(cfg)
+    _check_rollback_lr(cfg, settings)
     _check_loss(cfg)
     ours = load_backend_config(cfg)
     if not OmegaConf.select(cfg, "actor_rollout_ref.model.path", default=None):

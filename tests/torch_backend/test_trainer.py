@@ -22,7 +22,13 @@ from agentlightning.demo.task import make_dataset
 from agentlightning.procs import ManagedProcess
 from agentlightning.torch_backend.checkpoint import load_policy_state
 from agentlightning.torch_backend.trainer import TorchTrainer, run_ppo
-from agentlightning.trainer.checkpoint import latest_checkpoint, list_checkpoints, load_loop_state
+from agentlightning.trainer.checkpoint import (
+    best_checkpoint,
+    latest_checkpoint,
+    list_checkpoints,
+    load_loop_state,
+    step_dir,
+)
 from agentlightning.trainer.config import ConfigError
 from agentlightning.trainer.data import DataCursor
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
@@ -94,7 +100,15 @@ def test_run_ppo_trains_validates_publishes_and_checkpoints(
 ) -> None:
     gateway, client = services
     train, val = make_dataset(8, seed=0, prefix="t"), make_dataset(3, seed=1, prefix="v")
-    cfg = config(tmp_path, gateway, total_training_steps=2, test_freq=1, save_freq=1)
+    cfg = config(
+        tmp_path,
+        gateway,
+        total_training_steps=2,
+        test_freq=1,
+        save_freq=1,
+        keep_best=False,
+        collapse_guard={"enable": False},
+    )  # periodic checkpoints only (the best is test_a_collapse_...'s)
     final = run_ppo(cfg, train, val)
 
     assert final["val/n_rollouts"] == 3 and final["val/n_rollouts_failed"] == 0
@@ -167,6 +181,91 @@ def test_resume_after_a_crash_continues_step_count_and_data_order(
     assert inputs_by_step(client, runs.pop()) == {3: expected[3], 4: expected[4]}
 
 
+class ScriptedValidation(TorchTrainer):
+    """The torch trainer with its validation's `val/reward` read from a script (step -> value):
+    the collapse guard's paths run on real weights, checkpoints and publishes, deterministically."""
+
+    script: dict[int, float] = {}
+
+    def _validate(self, manager: Any, tracker: Any, log_now: bool = True) -> dict[str, float]:
+        metrics = {"val/reward": self.script[self.step]}
+        self.history.append({"step": float(self.step), **metrics})
+        if log_now:
+            tracker.log(metrics, self.step)
+        return metrics
+
+
+def scripted(cfg: DictConfig, train: list[dict[str, Any]], script: dict[int, float]) -> ScriptedValidation:
+    trainer = ScriptedValidation(cfg, train, [{"id": "v", "question": "1+1"}])
+    trainer.script = script
+    return trainer
+
+
+def test_a_collapse_rolls_back_to_the_best_checkpoint_at_a_lower_lr(
+    services: tuple[RunningGateway, GatewayClient], tmp_path: Path
+) -> None:
+    gateway, client = services
+    cfg = config(tmp_path, gateway, total_training_steps=5, test_freq=1, save_freq=1)
+    # best at step 1; steps 2 and 3 more than 0.15 below it: a collapse, rolled back after step 3;
+    # step 4 is a new best, which moves the mark.
+    trainer = scripted(
+        cfg, make_dataset(12, seed=0, prefix="t"), {0: 0.2, 1: 0.8, 2: 0.6, 3: 0.5, 4: 0.9, 5: 0.7}
+    )
+    restored: list[dict[str, Any]] = []
+    restore = trainer.backend.restore
+
+    def spy(folder: Path, lr_scale: float) -> None:
+        before = {k: v.clone() for k, v in trainer.backend.updater.model.state_dict().items()}  # type: ignore[attr-defined]
+        saved = load_policy_state(folder)["policy"]["model"]  # read now: a later best rotates it out
+        restore(folder, lr_scale)
+        after = {k: v.clone() for k, v in trainer.backend.updater.model.state_dict().items()}  # type: ignore[attr-defined]
+        restored.append(
+            {"folder": folder, "lr_scale": lr_scale, "saved": saved, "before": before, "after": after}
+        )
+
+    trainer.backend.restore = spy  # type: ignore[method-assign]
+    trainer.fit()
+
+    (rollback,) = restored
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert rollback["folder"] == step_dir(checkpoints, 1) and rollback["lr_scale"] == 0.5
+    best_weights = rollback["saved"]
+    assert all(rollback["after"][k].equal(best_weights[k]) for k in best_weights)  # the best's weights
+    assert not all(rollback["before"][k].equal(best_weights[k]) for k in best_weights)  # not step 3's
+    records = {int(r["step"]): r for r in read_metrics(tmp_path / "run" / METRICS_FILE)}
+    assert records[3]["training/rollbacks"] == 1 and records[3]["training/lr_scale"] == 0.5
+    assert records[4]["actor/lr"] == pytest.approx(0.5e-3)  # the configured 1e-3, halved
+    assert records[2]["actor/lr"] == pytest.approx(1e-3)
+    assert records[5]["training/best_val"] == 0.9 and records[5]["training/best_step"] == 4
+    # Five updates and the rollback's publish: version 6 is served.
+    assert [m.version for m in client.list_models()] == [6]
+    # The new best is marked and kept; the newest two besides it.
+    assert best_checkpoint(checkpoints) == step_dir(checkpoints, 4)
+    assert list_checkpoints(checkpoints) == [4, 5]
+
+
+def test_a_collapse_stops_the_run_and_the_best_is_kept(
+    services: tuple[RunningGateway, GatewayClient], tmp_path: Path
+) -> None:
+    gateway, _ = services
+    cfg = config(
+        tmp_path,
+        gateway,
+        total_training_steps=6,
+        test_freq=1,
+        save_freq=1,
+        collapse_guard={"action": "stop", "patience": 2, "margin": 0.15},
+    )
+    trainer = scripted(cfg, make_dataset(12, seed=0, prefix="t"), dict.fromkeys(range(7), 0.1) | {1: 0.8})
+    final = trainer.fit()
+
+    assert final["val/reward"] == 0.1
+    assert [int(r["step"]) for r in read_metrics(tmp_path / "run" / METRICS_FILE)] == [0, 1, 2, 3]
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert best_checkpoint(checkpoints) == step_dir(checkpoints, 1)
+    assert list_checkpoints(checkpoints) == [1, 2, 3]  # step 0 rotated out; the best outlives rotation
+
+
 def test_bad_settings_fail_before_anything_starts(tmp_path: Path) -> None:
     gateway = RunningGateway("http://127.0.0.1:9", "k", None, tmp_path / "x.db")  # type: ignore[arg-type]
     cfg = config(tmp_path, gateway)
@@ -174,6 +273,10 @@ def test_bad_settings_fail_before_anything_starts(tmp_path: Path) -> None:
         TorchTrainer(cfg, None, None)
     with pytest.raises(ConfigError, match=r"data.train_batch_size \(2\) is larger than the training data"):
         TorchTrainer(cfg, [{"id": "a"}], None)
+    cfg.trainer.keep_best = False
+    with pytest.raises(ConfigError, match="collapse_guard.action=rollback reloads the best checkpoint"):
+        TorchTrainer(cfg, make_dataset(4, seed=0), None)
+    cfg.trainer.keep_best = True
     cfg.trainer.resume_mode = "sometimes"
     with pytest.raises(ValueError, match=r"trainer.resume_mode must be auto, disable or resume_path"):
         TorchTrainer(cfg, make_dataset(4, seed=0), None)

@@ -10,11 +10,14 @@ from pathlib import Path
 import pytest
 
 from agentlightning.trainer.checkpoint import (
+    BEST_FILE,
     LATEST_FILE,
+    best_checkpoint,
     latest_checkpoint,
     list_checkpoints,
     load_loop_state,
     python_rng_state,
+    mark_best_checkpoint,
     save_checkpoint,
     set_python_rng_state,
     step_dir,
@@ -76,3 +79,24 @@ def test_python_rng_state_round_trips_through_json() -> None:
     expected = [random.random() for _ in range(3)]
     set_python_rng_state(state)
     assert [random.random() for _ in range(3)] == expected
+
+
+def test_the_best_checkpoint_is_marked_and_outlives_rotation(tmp_path: Path) -> None:
+    assert best_checkpoint(tmp_path) is None
+    save_checkpoint(tmp_path, 1, {"step": 1}, write_weights("best"), keep=2)
+    mark_best_checkpoint(tmp_path, 1)
+    for step in (2, 3, 4):
+        save_checkpoint(tmp_path, step, {"step": step}, write_weights(f"w{step}"), keep=2, protect=1)
+    assert list_checkpoints(tmp_path) == [1, 3, 4]  # the newest two, and the best
+    assert (tmp_path / BEST_FILE).read_text().strip() == "1"
+    best = best_checkpoint(tmp_path)
+    assert best == step_dir(tmp_path, 1) and (best / "weights.txt").read_text() == "best"
+    assert latest_checkpoint(tmp_path) == step_dir(tmp_path, 4)  # resuming takes the newest, not the best
+    # A new best moves the mark; the old best then rotates out like any other checkpoint.
+    save_checkpoint(tmp_path, 5, {"step": 5}, write_weights("w5"), keep=2, protect=5)
+    mark_best_checkpoint(tmp_path, 5)
+    assert list_checkpoints(tmp_path) == [4, 5]
+    assert best_checkpoint(tmp_path) == step_dir(tmp_path, 5)
+    # A mark whose folder is gone (removed by hand) names no checkpoint.
+    mark_best_checkpoint(tmp_path, 1)
+    assert best_checkpoint(tmp_path) is None

@@ -162,3 +162,19 @@ def test_every_key_of_the_torch_configs_is_read_or_at_its_torch_default(shipped:
         demo = OmegaConf.load(REPO / "agentlightning" / "config" / "demo.yaml")
         torch_cfg = OmegaConf.merge(torch_cfg, demo.train)
     validate(compose_config(torch_cfg, [MODEL, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"]))
+
+
+def test_the_collapse_guards_lr_scale_is_refused_where_verl_cannot_apply_it() -> None:
+    base = [MODEL, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"]
+    settings, _, _ = validate(compose_config(None, base))  # verl's default: the same lr after a rollback
+    assert settings.trainer.collapse_guard.lr_scale == 1.0 and settings.trainer.keep_best
+    validate(compose_config(None, [*base, "trainer.collapse_guard.lr_scale=0.5"]))  # the torch default: said
+    validate(
+        compose_config(
+            None, [*base, "trainer.collapse_guard.action=stop", "trainer.collapse_guard.lr_scale=0.2"]
+        )
+    )
+    with pytest.raises(
+        ConfigError, match=r"trainer.collapse_guard.lr_scale=0.2: the verl backend rolls back"
+    ):
+        validate(compose_config(None, [*base, "trainer.collapse_guard.lr_scale=0.2"]))

@@ -16,7 +16,7 @@ pytest.importorskip("verl", reason=SKIP_REASON)
 
 from agentlightning.client import GatewayClient
 from agentlightning.schemas import Rollout, RolloutState
-from agentlightning.trainer.checkpoint import latest_checkpoint, list_checkpoints
+from agentlightning.trainer.checkpoint import best_checkpoint, latest_checkpoint, list_checkpoints
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
 from agentlightning.verl.backend import ACTOR_DIR, VerlTrainer
 from tests.conftest import RunningGateway
@@ -76,9 +76,10 @@ def test_the_loop_trains_publishes_checkpoints_and_resumes(gateway: RunningGatew
         assert r["actor/pg_loss"] == 0.5  # the workers' metrics reach the sinks
     assert {m.version for m in client.list_models()} == {2}
     root = tmp_path / "run" / "checkpoints"
-    assert list_checkpoints(root) == [1, 2]
-    assert [Path(p).relative_to(root).parts[-1] for p, _ in first.saved] == [ACTOR_DIR, ACTOR_DIR]
-    assert [s for _, s in first.saved] == [2, 4]  # optimizer steps so far
+    # step 0's validation is the best so far (every reward is 0 here): kept besides the newest two
+    assert list_checkpoints(root) == [0, 1, 2] and best_checkpoint(root) == root / "global_step_0"
+    assert [Path(p).relative_to(root).parts[-1] for p, _ in first.saved] == [ACTOR_DIR] * 3
+    assert [s for _, s in first.saved] == [0, 2, 4]  # optimizer steps so far
 
     second = StandInWorkers(client)
     with Driver(gateway.url, gateway.key, plan):
@@ -86,7 +87,7 @@ def test_the_loop_trains_publishes_checkpoints_and_resumes(gateway: RunningGatew
     second.close()
     client.close()
     last = latest_checkpoint(root)
-    assert last is not None and list_checkpoints(root) == [2, 3]  # max_actor_ckpt_to_keep=2
+    assert last is not None and list_checkpoints(root) == [0, 2, 3]  # max_actor_ckpt_to_keep=2, and the best
     assert second.loaded == [str(root / "global_step_2" / ACTOR_DIR)]
     # restored weights synced into the replicas at the restored version, then one more step
     assert [w for w, _ in second.log] == ["start", "sync", "sleep", "update", "update", "sync"]
