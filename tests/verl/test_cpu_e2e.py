@@ -60,6 +60,9 @@ def test_the_loop_trains_with_verls_worker_and_real_vllm_on_cpu(tmp_path: Path) 
             f"train.trainer.test_freq={STEPS}",
             "train.trainer.save_freq=1",
             "train.trainer.max_actor_ckpt_to_keep=2",
+            # the periodic checkpoints only (the best one on verl: tests/verl/test_loop.py)
+            "train.trainer.keep_best=false",
+            "train.trainer.collapse_guard.enable=false",
             "train.data.train_batch_size=4",
             "train.actor_rollout_ref.rollout.n=4",
             "train.actor_rollout_ref.actor.ppo_mini_batch_size=4",
