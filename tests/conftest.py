@@ -16,25 +16,31 @@ from agentlightning.procs import free_port
 from tests import postgres
 from tests.postgres import store_is_postgres
 
+# Session fixtures whose tests all run on one worker, so that each is built once: the session's
+# real vLLM server (~200 s to start), the demo's warm model (a minute of supervised warm-up).
+GROUPED_FIXTURES = {"vllm_server": "vllm", "warm_demo_model": "demo"}
+
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `pytest -n N --dist loadgroup`: the tests on the session's real vLLM server
-    (`vllm_server`) all run on one worker, so that it starts once; every other test goes to
-    whichever worker is free (the vLLM tests that start servers of their own run beside them)."""
+    """Under `pytest -n N --dist loadgroup`: the tests on one of `GROUPED_FIXTURES` all run on one
+    worker, so that it is built once; every other test goes to whichever worker is free (the vLLM
+    tests that start servers of their own run beside them)."""
     # On an xdist worker, `--dist loadgroup` is read back as `config.option.loadgroup`.
     on_loadgroup_worker = bool(os.environ.get("PYTEST_XDIST_WORKER")) and getattr(
         config.option, "loadgroup", False
     )
     for item in items:
-        if "vllm_server" not in getattr(item, "fixturenames", ()):
+        names = getattr(item, "fixturenames", ())
+        group = next((g for fixture, g in GROUPED_FIXTURES.items() if fixture in names), None)
+        if group is None:
             continue
-        item.add_marker(pytest.mark.xdist_group("vllm"))
+        item.add_marker(pytest.mark.xdist_group(group))
         if on_loadgroup_worker and "@" not in item.nodeid:
             # xdist 3.8 groups by an `@GROUP` suffix it writes to `item._nodeid`, which pytest 9
             # no longer reads (a node's id is `_id`): without this the group's tests went to any
             # worker, and each worker started the session's vLLM server (~200 s) again.
-            item._id = coerce_node_id(f"{item.nodeid}@vllm")
+            item._id = coerce_node_id(f"{item.nodeid}@{group}")
 
 
 @dataclass

@@ -177,8 +177,19 @@ class Demo:
         cfg = load_cli_config(
             "train", ["--config", str(self.config_path), *overrides], prog="agl-demo", strict=False
         )
+        if self.lora_lr(cfg, overrides) is not None:
+            cfg.actor_rollout_ref.actor.optim.lr = float(self.cfg.lora_lr)
         OmegaConf.save(cfg, self.config_path)
         return cfg
+
+    def lora_lr(self, train_cfg: DictConfig, overrides: Sequence[str]) -> float | None:
+        """The adapter's learning rate where the demo sets it: LoRA on, `lora_lr` set, and no
+        `train.actor_rollout_ref.actor.optim.lr` on the command line."""
+        lora = int(OmegaConf.select(train_cfg, "actor_rollout_ref.model.lora_rank", default=0) or 0)
+        given = any(o.startswith("actor_rollout_ref.actor.optim.lr=") for o in overrides)
+        if lora > 0 and self.cfg.lora_lr is not None and not given:
+            return float(self.cfg.lora_lr)
+        return None
 
     def check_train_config(self, overrides: Sequence[str]) -> None:
         """Before anything starts: the trainer's backend reads every key of `train` and the
@@ -248,8 +259,11 @@ class Demo:
         t = train_cfg.trainer
         steps = t.total_training_steps or f"{t.total_epochs} epoch(s) of"
         rollouts = f"{train_cfg.data.train_batch_size}×{train_cfg.actor_rollout_ref.rollout.n}"
+        model = train_cfg.actor_rollout_ref.model
+        lr = float(train_cfg.actor_rollout_ref.actor.optim.lr)
+        update = f"LoRA rank {model.lora_rank}" if int(model.get("lora_rank", 0) or 0) > 0 else "full"
         say(
-            f"[3/4] Trainer     pid {trainer.pid}: GRPO, {steps} steps of {rollouts} rollouts, "
+            f"[3/4] Trainer     pid {trainer.pid}: GRPO ({update}, lr {lr:g}), {steps} steps of {rollouts} rollouts, "
             f"validation every {t.test_freq} steps\n      config {self.config_path}"
             + (
                 "\n      rollouts served by real vLLM servers the trainer starts (.venv-vllm; ready in 20-60 s)"

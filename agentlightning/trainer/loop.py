@@ -232,6 +232,8 @@ class TrainingLoop:
                 manager.close()
             if tracker is not None:
                 tracker.close()
+                if finished:
+                    self._say_what_is_kept(tracker)
             for backend in self.backends.values():
                 backend.close()
         return self.history[-1] if self.history else {}
@@ -285,7 +287,6 @@ class TrainingLoop:
             metrics = self._validate(manager, tracker)
             if self._judge(metrics, {}) is Verdict.NEW_BEST and loop.keep_best:
                 self._save(best=True)
-        self._say_what_is_kept(tracker)
 
     @property
     def version(self) -> int:

@@ -177,6 +177,7 @@ class Tracker:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+            self._bar = None  # `print` after the close goes below the finished bar
         if self._jsonl is not None:
             self._jsonl.close()
         if self._tb is not None:

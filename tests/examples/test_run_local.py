@@ -17,6 +17,7 @@ import pytest
 from agentlightning.procs import free_port
 from agentlightning.testing.example_stack import EXAMPLES, EXAMPLES_PYTHON
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
+from tests.learning import SIGNAL_HOOKS, assert_updates_with_signal
 
 pytestmark = pytest.mark.slow
 
@@ -34,6 +35,9 @@ TINY = [
     "trainer.save_freq=0",
     "trainer.logger=[console,jsonl]",
     "trainer.log_level=warning",
+    # A random model earns no reward in two steps: a reward that differs within each group, so the
+    # update these tests show has signal (tests/signal_hooks.py).
+    f"agentlightning.hooks={SIGNAL_HOOKS}",
 ]
 
 
@@ -118,6 +122,7 @@ def test_run_local_trains_two_steps_and_cleans_up(tmp_path: Path, examples_pytho
     records = read_metrics(tmp_path / "run" / "trainer" / METRICS_FILE)
     steps = sorted({int(r["step"]) for r in records if "training/reward" in r})
     assert steps == [1, 2], records
+    assert_updates_with_signal(records)
     agent_logs = list((tmp_path / "run" / "agents").glob("*/*.log"))
     assert len(agent_logs) >= 4  # 2 steps x 1 prompt x 2 rollouts ran as real agents
     _wait_gone(marker, before)

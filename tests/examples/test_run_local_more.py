@@ -21,6 +21,7 @@ from agentlightning.procs import free_port
 from agentlightning.testing.example_stack import EXAMPLES, EXAMPLES_PYTHON
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
 from tests.examples.test_run_local import MARKER, TINY, _end, _ours
+from tests.learning import assert_updates_with_signal
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a loaded 2-core machine needs more than 300 s
 
@@ -102,6 +103,7 @@ def test_run_local_trains_two_steps_and_cleans_up(
     records = read_metrics(tmp_path / "run" / "trainer" / METRICS_FILE)
     steps = sorted({int(r["step"]) for r in records if "training/reward" in r})
     assert steps == [1, 2], records
+    assert_updates_with_signal(records)
     logs = [p.read_text() for p in (tmp_path / "run" / "agents").glob("*/*.log")]
     episodes = [line for text in logs for line in text.splitlines() if " episode " in line]
     assert len(episodes) >= 4, logs  # 2 steps x 1 prompt x 2 rollouts ran as real agents

@@ -19,6 +19,7 @@ from agentlightning.procs import free_port
 from agentlightning.testing.example_stack import EXAMPLES, EXAMPLES_PYTHON
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
 from tests.examples.test_run_local import MARKER, _end, _ours, _wait_gone
+from tests.learning import SIGNAL_HOOKS, assert_updates_with_signal
 
 pytestmark = [
     pytest.mark.slow,
@@ -38,6 +39,7 @@ TINY = [
     "actor_rollout_ref.actor.ppo_mini_batch_size=1",
     "actor_rollout_ref.rollout.max_model_len=2048",  # the first prompt is ~1300 of its tokens
     "trainer.total_training_steps=2",
+    f"agentlightning.hooks={SIGNAL_HOOKS}",  # a reward that differs within each group: an update with signal
     "trainer.save_freq=0",
     "trainer.logger=[console,jsonl]",
     "trainer.log_level=warning",
@@ -83,6 +85,7 @@ def test_run_local_trains_two_async_steps_and_leaves_no_process(tmp_path: Path, 
     records = read_metrics(tmp_path / "run" / "trainer" / METRICS_FILE)
     steps = sorted({int(r["step"]) for r in records if "training/reward" in r})
     assert steps == [1, 2], records
+    assert_updates_with_signal(records)
     agent_logs = list((tmp_path / "run" / "agents").glob("*/*.log"))
     assert len(agent_logs) >= 4  # 2 steps x 1 prompt x 2 rollouts ran as real agents
     _wait_gone(marker, set())  # Gateway, Controller, trainer, agents and their JVMs

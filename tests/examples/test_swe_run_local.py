@@ -22,6 +22,7 @@ from agentlightning.testing.example_stack import EXAMPLES, REPO
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
 from tests.examples.test_run_local import MARKER, TINY, _end, _ours
 from tests.heavy import require
+from tests.learning import assert_updates_with_signal
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 SWE = EXAMPLES / "swe"
@@ -96,6 +97,7 @@ def test_run_local_trains_two_steps_and_cleans_up(tmp_path: Path) -> None:
     records = read_metrics(tmp_path / "run" / "trainer" / METRICS_FILE)
     steps = sorted({int(r["step"]) for r in records if "training/reward" in r})
     assert steps == [1, 2], records
+    assert_updates_with_signal(records)
     logs = [p.read_text() for p in (tmp_path / "run" / "agents").glob("*/*.log")]
     graded = [
         json.loads(line) for text in logs for line in text.splitlines() if line.startswith('{"instance_id"')
