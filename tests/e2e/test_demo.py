@@ -22,6 +22,9 @@ from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
 from tests.controller.helpers import REPO, pid_alive
 from tests.learning import assert_updates_with_signal, validation_curve
 
+# The warm-up (a minute alone) counts against the first learning test; each run is minutes.
+pytestmark = pytest.mark.timeout(1800)
+
 SMALL = [
     "warmup.steps=30",
     "train_problems=4",
