@@ -16,6 +16,8 @@ from agentlightning.procs import free_port
 from tests import postgres
 from tests.postgres import store_is_postgres
 
+pytest_plugins = ("tests.cpu_profile",)  # AGL_CPU_PROFILE=1: CPU-seconds per test (tests/cpu_profile.py)
+
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
