@@ -107,8 +107,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """In the process that reports (with xdist: the controller, the figure sent by its worker)."""
     if report.when == "teardown":
         for key, value in report.user_properties:
-            if key == "cpu_s":
-                METER.figures[report.nodeid] = float(value)
+            if key == "cpu_s" and isinstance(value, float):
+                METER.figures[report.nodeid] = value
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
