@@ -83,6 +83,8 @@ typecheck: venv
 # Two workers (pytest-xdist): each test goes to a free worker; the tests on the session vLLM server all
 # go to one (tests/conftest.py).
 # Most tests wait on the processes they start, so two workers keep both cores busy.
+# `AGL_CPU_PROFILE=1 make test` also lists each phase's tests by CPU-seconds (tests/cpu_profile.py):
+# on a busy machine wall times mostly measure the wait for a core.
 PYTEST := $(BIN)/pytest -q -n $(or $(TEST_WORKERS),2) --dist loadgroup --durations=15
 
 # The API suite once more with every Gateway on Postgres (tests/postgres.py starts its own server).

@@ -16,6 +16,8 @@ from agentlightning.procs import free_port
 from tests import postgres
 from tests.postgres import store_is_postgres
 
+pytest_plugins = ("tests.cpu_profile",)  # AGL_CPU_PROFILE=1: CPU-seconds per test (tests/cpu_profile.py)
+
 # Session fixtures whose tests all run on one worker, so that each is built once: the session's
 # real vLLM server (~200 s to start), the demo's warm model (a minute of supervised warm-up).
 GROUPED_FIXTURES = {"vllm_server": "vllm", "warm_demo_model": "demo"}
