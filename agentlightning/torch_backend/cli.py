@@ -44,6 +44,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     from agentlightning.torch_backend.trainer import TorchTrainer  # torch: after the cheap checks
     from agentlightning.trainer.config import ConfigError
+    from agentlightning.trainer.failures import AllRolloutsFailed
 
     hf_logging.disable_progress_bar()  # our own progress bar is the one to read
     catch_interrupts()
@@ -59,6 +60,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     except (GatewayUnavailable, Unauthorized) as exc:
         url = cfg.agentlightning.agl_base_url
         fail(PROG, f"the Gateway at {url} (agentlightning.agl_base_url): {exc}", 1)
+    except AllRolloutsFailed as exc:
+        fail(PROG, str(exc), 1)
 
 
 if __name__ == "__main__":

@@ -287,6 +287,7 @@ class AgentLightningConfig:
     trace_aggregator: TraceAggregatorConfig = field(default_factory=TraceAggregatorConfig)
     reward_fillna_value: float = 0.0
     failed_rollouts: str = FailedRolloutPolicy.DROP.value  # checked into a FailedRolloutPolicy
+    stop_when_all_rollouts_fail: bool = True  # a step or validation whose every rollout failed stops the run
     max_ppo_update_times: int | None = None
     keep_partial_minibatch: bool = False
     adv_epsilon: float = 1e-6

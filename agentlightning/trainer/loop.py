@@ -58,6 +58,7 @@ from agentlightning.trainer.checkpoint import (
 from agentlightning.trainer.collector import make_collector
 from agentlightning.trainer.config import ConfigError, CoreConfig, DataConfig, TrainerConfig, TrainingConfig
 from agentlightning.trainer.data import DataCursor, load_files
+from agentlightning.trainer.failures import check_rollouts
 from agentlightning.trainer.gains import GainKeeper, Verdict
 from agentlightning.trainer.manager import RolloutManager
 from agentlightning.trainer.metrics import validation_metrics
@@ -258,6 +259,7 @@ class TrainingLoop:
             if not rollouts:
                 log.warning("training_data_exhausted", step=self.step)
                 break
+            self._say_failures(tracker, rollouts, f"step {step}")
             if self.several:
                 self._train_policies(manager, rollouts, step, metrics)
             else:
@@ -342,6 +344,13 @@ class TrainingLoop:
             metrics.update(manager.update_policies(publish, new_versions))
             self.versions = new_versions
 
+    def _say_failures(self, tracker: Tracker, rollouts: Sequence[Any], what: str) -> None:
+        """Failed rollouts and missing rewards on the console (`failures.py`); every rollout
+        failed: `AllRolloutsFailed`, unless agentlightning.stop_when_all_rollouts_fail=false."""
+        for line in check_rollouts(rollouts, what, self.core.agl.stop_when_all_rollouts_fail):
+            tracker.print(line)
+            log.warning("rollouts_not_usable", what=what, detail=line)
+
     # --- keeping the gains ----------------------------------------------------------------
 
     def _judge(self, validation: dict[str, float], metrics: dict[str, float]) -> Verdict | None:
@@ -418,6 +427,7 @@ class TrainingLoop:
             return {}
         started = time.perf_counter()
         rollouts, _ = manager.collect(self.val_dataset, self.step, is_train=False)
+        self._say_failures(tracker, rollouts, f"step {self.step} validation")
         fill = self.core.agl.reward_fillna_value
         if self.several:  # the task's (shared) reward unprefixed, each role's under policy/NAME/
             metrics = validation_metrics([shared_view(r) for r in rollouts], fill)

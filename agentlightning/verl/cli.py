@@ -17,6 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from agentlightning.client import GatewayUnavailable, Unauthorized
 from agentlightning.config.loader import catch_interrupts, config_args, exit_on_interrupt, fail, setup_logging
+from agentlightning.trainer.failures import AllRolloutsFailed
 
 PROG = "agl-train backend=verl"
 
@@ -51,3 +52,5 @@ def main(argv: Sequence[str]) -> None:
         fail(
             PROG, f"the Gateway at {cfg.agentlightning.agl_base_url} (agentlightning.agl_base_url): {exc}", 1
         )
+    except AllRolloutsFailed as exc:
+        fail(PROG, str(exc), 1)

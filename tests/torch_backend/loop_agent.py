@@ -51,3 +51,11 @@ class TwoRoleAgent:
         _reward({"value": 0.5})
         _reward({"value": float(len(plan) % 2), "policy": "planner"})
         _reward({"value": float(len(answer) % 3 == 0), "policy": "coder"})
+
+
+class NoRewardAgent:
+    """Calls the model and ends well, but never reports a reward (a forgotten post, a wrong key)."""
+
+    def run(self) -> None:
+        messages = [{"role": "user", "content": os.environ["QUESTION"]}]
+        _client().chat.completions.create(model="policy", messages=messages, max_tokens=4)

@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -31,6 +31,7 @@ from agentlightning.trainer.checkpoint import (
 )
 from agentlightning.trainer.config import ConfigError
 from agentlightning.trainer.data import DataCursor
+from agentlightning.trainer.failures import AllRolloutsFailed
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
 from tests.conftest import RunningGateway
 from tests.controller.helpers import GATEWAY_OVERRIDES, REPO, start_controller
@@ -185,7 +186,7 @@ class ScriptedValidation(TorchTrainer):
     """The torch trainer with its validation's `val/reward` read from a script (step -> value):
     the collapse guard's paths run on real weights, checkpoints and publishes, deterministically."""
 
-    script: dict[int, float] = {}
+    script: ClassVar[dict[int, float]] = {}
 
     def _validate(self, manager: Any, tracker: Any, log_now: bool = True) -> dict[str, float]:
         metrics = {"val/reward": self.script[self.step]}
@@ -266,6 +267,31 @@ def test_a_collapse_stops_the_run_and_the_best_is_kept(
     assert list_checkpoints(checkpoints) == [1, 2, 3]  # step 0 rotated out; the best outlives rotation
 
 
+def test_an_agent_that_cannot_start_stops_the_run_naming_the_cause(
+    services: tuple[RunningGateway, GatewayClient], tmp_path: Path
+) -> None:
+    gateway, _ = services
+    cfg = config(tmp_path, gateway, total_training_steps=2)
+    cfg.agentlightning.local.agent_class = "tests.torch_backend.no_such_agent:Agent"  # a typo'd module
+    with pytest.raises(AllRolloutsFailed) as stopped:
+        run_ppo(cfg, make_dataset(4, seed=0, prefix="t"), make_dataset(2, seed=1, prefix="v"))
+    message = str(stopped.value)
+    assert message.startswith("step 0 validation: 2 of 2 rollouts failed")  # before any training
+    assert "No module named 'tests.torch_backend.no_such_agent'" in message
+
+
+def test_rollouts_without_a_reward_are_said_on_the_console(
+    services: tuple[RunningGateway, GatewayClient], tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    gateway, _ = services
+    cfg = config(tmp_path, gateway, total_training_steps=1, val_before_train=False)
+    cfg.agentlightning.local.agent_class = "tests.torch_backend.loop_agent:NoRewardAgent"
+    run_ppo(cfg, make_dataset(4, seed=0, prefix="t"), None)
+    err = capfd.readouterr().err
+    assert f"step 1: none of the {BATCH * N} finished rollouts reported a reward" in err
+    assert "Authorization: Bearer $AGL_KEY" in err
+
+
 def test_bad_settings_fail_before_anything_starts(tmp_path: Path) -> None:
     gateway = RunningGateway("http://127.0.0.1:9", "k", None, tmp_path / "x.db")  # type: ignore[arg-type]
     cfg = config(tmp_path, gateway)
@@ -274,7 +300,7 @@ def test_bad_settings_fail_before_anything_starts(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"data.train_batch_size \(2\) is larger than the training data"):
         TorchTrainer(cfg, [{"id": "a"}], None)
     cfg.trainer.keep_best = False
-    with pytest.raises(ConfigError, match="collapse_guard.action=rollback reloads the best checkpoint"):
+    with pytest.raises(ConfigError, match=r"collapse_guard\.action=rollback reloads the best checkpoint"):
         TorchTrainer(cfg, make_dataset(4, seed=0), None)
     cfg.trainer.keep_best = True
     cfg.trainer.resume_mode = "sometimes"

@@ -60,5 +60,5 @@ def test_bad_guard_settings_name_the_key(guard: CollapseGuardConfig, message: st
 
 
 def test_the_best_metric_must_be_a_validation_metric() -> None:
-    with pytest.raises(ConfigError, match="trainer.best_metric must be a validation metric"):
+    with pytest.raises(ConfigError, match=r"trainer\.best_metric must be a validation metric"):
         TrainerConfig(best_metric="training/reward").validate()
