@@ -15,11 +15,23 @@ import anthropic
 import httpx
 import openai
 import pytest
+from aiohttp import web
 
 from agentlightning.aggregation import AggregationStats, aggregate_rollout
 from agentlightning.client import GatewayClient
+from agentlightning.openai_server.app import OpenAIServer
+from agentlightning.openai_server.backend import BadRequest, Call
 from agentlightning.schemas import Model, RolloutCreate
-from agentlightning.testing.fake_model_server import END, FakeModelServer, Reply, ToolCall, chat_prompt_ids
+from agentlightning.testing.fake_model_server import (
+    END,
+    FakeModelServer,
+    FakeState,
+    Reply,
+    ToolCall,
+    ToyBackend,
+    build_app,
+    chat_prompt_ids,
+)
 from tests.conftest import RunningGateway, start_gateway
 
 KEY = "exact-key"
@@ -234,6 +246,148 @@ def test_an_upstream_without_the_endpoints_is_passed_through(
             assert events[0]["response"]["prompt_token_ids"] == chat_prompt_ids(
                 [{"role": "user", "content": "hi"}]
             )
+        finally:
+            gw.process.stop()
+
+
+def catch_all_server(paths: list[str]) -> OpenAIServer:
+    """A simple fake OpenAI server, as a new user writes one: every POST, whatever its path, answers
+    200 with the same chat completion (its paths are appended to `paths`)."""
+    completion = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    }
+
+    async def answer(request: web.Request) -> web.Response:
+        paths.append(request.path)
+        return web.json_response(completion)
+
+    app = web.Application()
+    app.router.add_post("/{path:.*}", answer)
+    return OpenAIServer(app)
+
+
+def test_an_upstream_that_answers_any_path_is_passed_through(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A 200 on the render path is not vLLM's render unless its body is: such an upstream is
+    served by pass-through (the Gateway says so once, in a warning), every API's call succeeds
+    and is recorded."""
+    paths: list[str] = []
+    with catch_all_server(paths) as upstream:
+        gw = start_gateway(tmp_path_factory.mktemp("catch-all"), KEY)
+        try:
+            with GatewayClient(gw.url, KEY) as c:
+                c.register_models([Model(model="policy", endpoint=upstream.base_url, version=1)])
+            rollout = Rollout(gw)
+            hi = [{"role": "user", "content": "hi"}]
+            for _ in range(2):
+                answer = rollout.openai.chat.completions.create(model="m", messages=hi)  # type: ignore[arg-type]
+                assert answer.choices[0].message.content == "hello"
+            assert rollout.openai.responses.create(model="m", input="hi").output_text == "hello"
+            message = rollout.anthropic.messages.create(model="m", max_tokens=16, messages=hi)  # type: ignore[arg-type]
+            assert message.content[0].text == "hello"  # type: ignore[union-attr]
+            # render tried once, found not to be vLLM's; then every call passed through
+            assert paths == ["/v1/chat/completions/render"] + ["/v1/chat/completions"] * 4
+            events = rollout.events()
+            assert [(e["status"], e["http_status"]) for e in events] == [("ok", 200)] * 4
+            assert [e["api"] for e in events] == [
+                "chat.completions",
+                "chat.completions",
+                "responses",
+                "anthropic.messages",
+            ]
+            warnings = [
+                line for line in gw.process.log_path.read_text().splitlines() if "token_path_off" in line
+            ]  # type: ignore[union-attr]
+            assert len(warnings) == 1
+            assert upstream.base_url in warnings[0] and "not vLLM's answer: no 'token_ids'" in warnings[0]
+        finally:
+            gw.process.stop()
+
+
+GARBAGE = {"id": "x", "object": "text_completion", "choices": [{"index": 0, "text": "garbage"}]}
+
+
+class BrokenStep(ToyBackend):
+    """The toy model with vLLM's token endpoints, one of which answers 200 with another body
+    (`garbage`) or is not there (`missing`: 404, as behind a proxy that forwards only /v1)."""
+
+    def __init__(self, state: FakeState, step: str, fault: str = "garbage") -> None:
+        super().__init__(state)
+        self.step, self.fault = step, fault
+
+    def _broken(self) -> dict[str, Any]:
+        if self.fault == "missing":
+            raise BadRequest("Not Found", 404, "NotFoundError")
+        return GARBAGE
+
+    async def generate(self, call: Call) -> dict[str, Any]:
+        return self._broken() if self.step == "generate" else await super().generate(call)
+
+    async def derender(self, call: Call) -> dict[str, Any]:
+        return self._broken() if self.step == "derender" else await super().derender(call)
+
+
+@pytest.mark.parametrize(
+    ("step", "path", "problem"),
+    [
+        ("generate", "/inference/v1/generate", "no 'choices[0].token_ids'"),
+        ("derender", "/chat/completions/derender", "no 'choices[0].message'"),
+    ],
+)
+def test_a_malformed_token_step_is_a_502_naming_it(
+    tmp_path_factory: pytest.TempPathFactory, step: str, path: str, problem: str
+) -> None:
+    state = FakeState()
+    state.scale_out = True
+    with OpenAIServer(build_app(state, BrokenStep(state, step))) as upstream:
+        gw = start_gateway(tmp_path_factory.mktemp(f"garbage-{step}"), KEY)
+        try:
+            with GatewayClient(gw.url, KEY) as c:
+                c.register_models([Model(model="policy", endpoint=upstream.base_url, version=1)])
+            rollout = Rollout(gw)
+            with pytest.raises(openai.APIStatusError) as raised:
+                rollout.openai.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}]
+                )
+            assert raised.value.status_code == 502
+            message = raised.value.message
+            assert path in message and problem in message and "garbage" in message
+            (event,) = rollout.events()
+            assert event["status"] == "error" and event["http_status"] == 502
+            assert path in event["error"] and problem in event["error"]
+        finally:
+            gw.process.stop()
+
+
+@pytest.mark.parametrize("step", ["generate", "derender"])
+def test_an_upstream_missing_a_token_step_is_passed_through(
+    tmp_path_factory: pytest.TempPathFactory, step: str
+) -> None:
+    """Render served but generate or derender not (404): the call and the next are passed through."""
+    state = FakeState()
+    state.scale_out = True
+    with OpenAIServer(build_app(state, BrokenStep(state, step, "missing"))) as upstream:
+        gw = start_gateway(tmp_path_factory.mktemp(f"missing-{step}"), KEY)
+        try:
+            with GatewayClient(gw.url, KEY) as c:
+                c.register_models([Model(model="policy", endpoint=upstream.base_url, version=1)])
+            rollout = Rollout(gw)
+            for _ in range(2):
+                rollout.openai.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}]
+                )
+            chats = [r["path"] for r in state.requests if r["path"] == "/v1/chat/completions"]
+            assert len(chats) == 2 and sum(r["path"].endswith("/render") for r in state.requests) == 1
+            events = rollout.events()
+            assert [(e["status"], e["segment"]["token_exact"]) for e in events] == [("ok", False)] * 2
         finally:
             gw.process.stop()
 

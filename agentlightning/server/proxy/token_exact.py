@@ -11,13 +11,17 @@ With an upstream that serves vLLM's scale-out endpoints (`vllm serve --enable-sc
    (`/v1/chat/completions/derender`: content, reasoning, tool calls).
 
 Whether an upstream serves these is found out on its first call and remembered per endpoint;
-one that does not (403 without the flag, 404 elsewhere: our torch engine, other servers) is
-served by plain pass-through, as is everything with `default_proxy.token_exact: false`.
+one that does not (403 without the flag, 404 elsewhere: our torch engine, other servers; or a
+200 whose body is not vLLM's render answer: a catch-all server, a proxy in front of vLLM) is
+served by plain pass-through, said once in a warning, as is everything with
+`default_proxy.token_exact: false`. A malformed answer of a later step is the call's 502,
+naming the step and what was wrong.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +89,7 @@ class TokenExact:
         self.upstream = upstream
         # endpoint → (serves render/generate/derender, when that was found)
         self.supported: dict[str, tuple[bool, float]] = {}
+        self.warned: set[str] = set()  # endpoints already named in a pass-through warning
         self.history = AttemptHistory()
 
     def observe(self, record: CallRecord, chat: dict[str, Any], messages: list[tuple[Any, ...]]) -> None:
@@ -119,7 +124,9 @@ class TokenExact:
             request = next(r for t, r in stored if t is turn)
             rendered = await self._post(model, RENDER, request)
             if rendered.error is None and rendered.status == 200:
-                turn.rendered = orjson.loads(rendered.body)["token_ids"]
+                answer, problem = read_answer(rendered.body, render_problem)
+                if problem is None:
+                    turn.rendered = answer["token_ids"]
         log.debug("history_read_back", rollout_id=rollout_id, attempt_id=attempt_id, calls=len(stored))
         self.history.replace(rollout_id, attempt_id, read_back)
         return self.history.turns(rollout_id, attempt_id)
@@ -149,13 +156,16 @@ class TokenExact:
         rendered = await self._post(model, RENDER, request)
         tries = rendered.tries
         if rendered.error is None and rendered.status in UNSUPPORTED:
-            self.supported[model.endpoint] = (False, time.monotonic())
-            log.info("token_exact_unsupported", endpoint=model.endpoint, status=rendered.status)
+            self._pass_through(model.endpoint, f"{RENDER} answered {rendered.status}")
             return None
         if rendered.error is not None or rendered.status != 200:
             return ExactCall(rendered, tries=tries)
+        generate_request, problem = read_answer(rendered.body, render_problem)
+        if problem is not None:  # a 200 that is not vLLM's render: a catch-all server, another engine
+            self._pass_through(model.endpoint, f"{RENDER} answered 200 with {problem}")
+            return None
         self.supported[model.endpoint] = (True, time.monotonic())
-        generate_request = orjson.loads(rendered.body)
+        self.warned.discard(model.endpoint)
         rendered_ids: list[int] = generate_request["token_ids"]
 
         messages = messages_of(chat)
@@ -180,9 +190,14 @@ class TokenExact:
         generate_request["token_ids"] = prompt
         generated = await self._post(model, GENERATE, generate_request, root=True)
         tries += generated.tries - 1  # each step's retries count, not the steps
+        if generated.error is None and generated.status in UNSUPPORTED:
+            self._pass_through(model.endpoint, f"{GENERATE} answered {generated.status}")
+            return None
         if generated.error is not None or generated.status != 200:
             return ExactCall(generated, segment=segment, tries=tries)
-        generation = orjson.loads(generated.body)
+        generation, problem = read_answer(generated.body, generation_problem)
+        if problem is not None:
+            return ExactCall(malformed(generated, GENERATE, problem), segment=segment, tries=tries)
         derendered = await self._post(
             model,
             DERENDER,
@@ -194,9 +209,14 @@ class TokenExact:
             },
         )
         tries += derendered.tries - 1
+        if derendered.error is None and derendered.status in UNSUPPORTED:
+            self._pass_through(model.endpoint, f"{DERENDER} answered {derendered.status}")
+            return None
         if derendered.error is not None or derendered.status != 200:
             return ExactCall(derendered, segment=segment, tries=tries)
-        response = orjson.loads(derendered.body)
+        response, problem = read_answer(derendered.body, derender_problem)
+        if problem is not None:
+            return ExactCall(malformed(derendered, DERENDER, problem), segment=segment, tries=tries)
         response = _with_tokens(response, generation, prompt)
         choice = response["choices"][0]
         if choice.get("finish_reason") == "stop" and (choice.get("message") or {}).get("tool_calls"):
@@ -217,9 +237,96 @@ class TokenExact:
         )
         return ExactCall(derendered, response, segment, tries)
 
+    def _pass_through(self, endpoint: str, why: str) -> None:
+        """The endpoint does not serve the token path (until re-checked): its calls are passed
+        through. Said once per endpoint, where the user looks."""
+        self.supported[endpoint] = (False, time.monotonic())
+        if endpoint not in self.warned:
+            self.warned.add(endpoint)
+            log.warning(
+                "token_path_off",
+                endpoint=endpoint,
+                reason=why,
+                hint="calls to this endpoint are passed through, not token-exact; vLLM serves "
+                "the token path with --enable-scale-out (set default_proxy.token_exact=false "
+                "to pass every call through without trying)",
+            )
+
     async def _post(self, model: Model, path: str, body: dict[str, Any], root: bool = False) -> Forwarded:
         target = model.model_copy(update={"endpoint": server_root(model.endpoint)}) if root else model
         return await self.upstream.forward(lambda: target, path, orjson.dumps(body), False)
+
+
+# What vLLM's token endpoints answer (vllm/entrypoints/scale_out/token_in_token_out/protocol.py),
+# checked before use: each function says what is wrong with an answer, None when nothing is.
+
+
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and t >= 0 for t in value)
+
+
+def render_problem(answer: Any) -> str | None:
+    """Render answers a `GenerateRequest`: the prompt's `token_ids` and its `sampling_params`."""
+    if not isinstance(answer, dict):
+        return "a JSON value that is not an object"
+    if not _is_ids(answer.get("token_ids")) or not answer["token_ids"]:
+        return "no 'token_ids' (a non-empty list of token ids)"
+    if not isinstance(answer.get("sampling_params"), dict):
+        return "no 'sampling_params' object"
+    return None
+
+
+def generation_problem(answer: Any) -> str | None:
+    """Generate answers `choices[]`, each with the generated `token_ids` and maybe `logprobs.content[]`."""
+    if not isinstance(answer, dict):
+        return "a JSON value that is not an object"
+    choices = answer.get("choices")
+    if not isinstance(choices, list) or not choices or not all(isinstance(c, dict) for c in choices):
+        return "no 'choices' (a non-empty list of objects)"
+    if not _is_ids(choices[0].get("token_ids")):
+        return "no 'choices[0].token_ids' (a list of token ids)"
+    logprobs = choices[0].get("logprobs")
+    if logprobs is not None:
+        content = logprobs.get("content") if isinstance(logprobs, dict) else None
+        if not isinstance(logprobs, dict) or not (
+            content is None or (isinstance(content, list) and all(isinstance(e, dict) for e in content))
+        ):
+            return "a 'choices[0].logprobs' that is not an object with a 'content' list"
+    return None
+
+
+def derender_problem(answer: Any) -> str | None:
+    """Derender answers a chat completion: `choices[0].message`."""
+    if not isinstance(answer, dict):
+        return "a JSON value that is not an object"
+    choices = answer.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return "no 'choices' (a non-empty list of objects)"
+    if not isinstance(choices[0].get("message"), dict):
+        return "no 'choices[0].message' object"
+    return None
+
+
+def read_answer(body: bytes, problem_of: Callable[[Any], str | None]) -> tuple[Any, str | None]:
+    """An upstream step's answer parsed, and what is wrong with it (None: nothing)."""
+    try:
+        answer = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None, "a body that is not JSON"
+    problem = problem_of(answer)
+    return answer, None if problem is None else f"a body that is not vLLM's answer: {problem}"
+
+
+def malformed(forwarded: Forwarded, path: str, problem: str) -> Forwarded:
+    """A token-path step that answered 200 with a body it cannot use: the call's 502."""
+    endpoint = forwarded.model.endpoint if forwarded.model is not None else "the inference server"
+    head = forwarded.body[:200].decode(errors="replace")
+    return Forwarded(
+        502,
+        forwarded.model,
+        forwarded.tries,
+        error=f"{endpoint} answered the token path's {path} step with {problem} (it began: {head})",
+    )
 
 
 def _without_stop_token(generation: dict[str, Any]) -> dict[str, Any]:
