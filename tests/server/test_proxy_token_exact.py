@@ -31,8 +31,10 @@ from agentlightning.testing.fake_model_server import (
     ToyBackend,
     build_app,
     chat_prompt_ids,
+    encode,
 )
 from tests.conftest import RunningGateway, start_gateway
+from tests.server.test_proxy import wait_for
 
 KEY = "exact-key"
 # The model writes JSON with spaces; every harness below sends it back compact (the Anthropic
@@ -168,11 +170,23 @@ def test_a_re_serialized_tool_call_keeps_the_rollout_one_row(
             "first": True,
         }
         assert second["segment"] == {"continues": True, "token_exact": True} and second["stream"] is stream
-        assert [r["path"] for r in scale_out_fake.requests] == [
-            "/v1/chat/completions/render",
-            "/inference/v1/generate",
-            "/v1/chat/completions/derender",
-        ] * 2
+        paths = [r["path"] for r in scale_out_fake.requests]
+        steps = [p for i, p in enumerate(paths) if i == 0 or paths[i - 1] != p]
+        assert (
+            steps
+            == [
+                "/v1/chat/completions/render",
+                "/inference/v1/generate",
+                "/v1/chat/completions/derender",
+            ]
+            * 2
+        )
+        # A chat stream is derendered event by event, then whole; the other APIs' streams are
+        # made from the whole answer.
+        streamed_derenders = len(paths) - 6 if stream and api == "chat.completions" else 0
+        assert streamed_derenders == (
+            len("it is 9".split()) + 1 if stream and api == "chat.completions" else 0
+        )
         render, generate = scale_out_fake.requests[3]["body"], scale_out_fake.requests[4]["body"]
         # The prompt the model saw: the first call's prompt and answer as generated, then what is new.
         sequence = first["response"]["prompt_token_ids"] + first["response"]["choices"][0]["token_ids"]
@@ -246,6 +260,108 @@ def test_an_upstream_without_the_endpoints_is_passed_through(
             assert events[0]["response"]["prompt_token_ids"] == chat_prompt_ids(
                 [{"role": "user", "content": "hi"}]
             )
+        finally:
+            gw.process.stop()
+
+
+def test_a_token_path_stream_reaches_the_agent_while_the_model_generates(
+    gateways: dict[str, RunningGateway], scale_out_fake: FakeModelServer
+) -> None:
+    """The first chunk comes while generate is held after two tokens (at the fake's gate); the
+    chunks carry the token ids; the recorded call is the one a call that is not streamed records."""
+    words = "one two three four five"
+    scale_out_fake.state.reset()
+    scale_out_fake.script(Reply(content=words, gate="held", gate_after_chunks=2), Reply(content=words))
+    rollout = Rollout(gateways["exact"])
+    hi = [{"role": "user", "content": "count"}]
+    agent = rollout.openai.with_options(timeout=60)  # no first chunk before the gate opens: a failure
+    stream = agent.chat.completions.create(
+        model="m", messages=hi, stream=True, stream_options={"include_usage": True}, logprobs=True
+    )  # type: ignore[arg-type]
+    chunks = iter(stream)
+    first = next(chunks)
+    assert first.choices[0].delta.content == "one"  # while generate is held: it has not finished
+    scale_out_fake.open_gate("held")
+    rest = list(chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in [first, *rest] if c.choices)
+    assert text == words
+    ids = [
+        t
+        for c in [first, *rest]
+        if c.choices
+        for t in (c.choices[0].model_extra or {}).get("token_ids") or []
+    ]
+    assert rest[-1].usage is not None and rest[-1].usage.completion_tokens == len(ids)
+    assert (first.model_extra or {})["prompt_token_ids"] == chat_prompt_ids(hi)
+
+    other = Rollout(gateways["exact"])
+    other.openai.chat.completions.create(model="m", messages=hi, logprobs=True)  # type: ignore[arg-type]
+    (streamed,), (whole,) = rollout.events(), other.events()
+    assert streamed["status"] == "ok" and streamed["stream"] is True and not streamed["incomplete"]
+    assert (
+        streamed["response"]["choices"][0]["token_ids"] == ids == whole["response"]["choices"][0]["token_ids"]
+    )
+    for key in ("message", "logprobs", "finish_reason"):
+        assert streamed["response"]["choices"][0][key] == whole["response"]["choices"][0][key]
+    assert streamed["response"]["prompt_token_ids"] == whole["response"]["prompt_token_ids"]
+    assert streamed["segment"] == whole["segment"]
+
+
+def test_an_agent_leaving_a_token_path_stream_closes_generate_and_leaves_an_incomplete_event(
+    gateways: dict[str, RunningGateway], scale_out_fake: FakeModelServer
+) -> None:
+    scale_out_fake.state.reset()
+    scale_out_fake.script(Reply(content="one two three four five", gate="left", gate_after_chunks=2))
+    rollout = Rollout(gateways["exact"])
+    url = (
+        f"{gateways['exact'].url}/proxy/rollout/{rollout.id}/attempt/a1/mode/train/openai/v1/chat/completions"
+    )
+    body = {"model": "m", "messages": [{"role": "user", "content": "count"}], "stream": True}
+    with httpx.stream("POST", url, json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as r:
+        for line in r.iter_lines():
+            if line:
+                break  # the agent goes away after its first chunk, while generate is held
+    assert wait_for(lambda: len(rollout.events()) == 1)
+    (event,) = rollout.events()
+    assert (event["incomplete"], event["status"], event["stream"]) == (True, "error", True)
+    assert "disconnected" in event["error"]
+    assert event["response"]["choices"][0]["token_ids"] == encode("one two")  # what came before the hold
+    assert wait_for(lambda: scale_out_fake.state.active == 0), "generate was closed (vLLM aborts it)"
+    scale_out_fake.open_gate("left")
+
+
+class WholeGenerate(ToyBackend):
+    """The toy model with vLLM's token endpoints, whose generate answers whole even when asked
+    for a stream (an engine without generate streaming)."""
+
+    async def generate(self, call: Call) -> Any:
+        return await super().generate(Call(call.path, {**call.body, "stream": False}))
+
+
+def test_a_token_path_stream_from_a_generate_that_does_not_stream(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    state = FakeState()
+    state.scale_out = True
+    with OpenAIServer(build_app(state, WholeGenerate(state))) as upstream:
+        gw = start_gateway(tmp_path_factory.mktemp("whole-generate"), KEY)
+        try:
+            with GatewayClient(gw.url, KEY) as c:
+                c.register_models([Model(model="policy", endpoint=upstream.base_url, version=1)])
+            rollout = Rollout(gw)
+            state.script(Reply(content="all at once"))
+            chunks = list(
+                rollout.openai.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}], stream=True
+                )  # type: ignore[arg-type]
+            )
+            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "all at once"
+            assert [r["path"] for r in state.requests][1:] == [
+                "/inference/v1/generate",
+                "/v1/chat/completions/derender",
+            ]
+            (event,) = rollout.events()
+            assert event["status"] == "ok" and event["segment"]["token_exact"] is True
         finally:
             gw.process.stop()
 
@@ -328,7 +444,7 @@ class BrokenStep(ToyBackend):
             raise BadRequest("Not Found", 404, "NotFoundError")
         return GARBAGE
 
-    async def generate(self, call: Call) -> dict[str, Any]:
+    async def generate(self, call: Call) -> Any:
         return self._broken() if self.step == "generate" else await super().generate(call)
 
     async def derender(self, call: Call) -> dict[str, Any]:

@@ -199,8 +199,22 @@ def anthropic_loop(rollout: Rollout, stream_last: bool = False) -> str:
 
 
 def chat_loop(rollout: Rollout, stream_last: bool = False) -> str:
+    """The scripted tool loop through `chat.completions.create` (streamed for the last call)."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
-    for _ in range(len(TOOL_TURNS) + 1):
+    for turn in range(len(TOOL_TURNS) + 1):
+        if stream_last and turn == len(TOOL_TURNS):
+            chunks = list(
+                rollout.openai.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=True)  # type: ignore[arg-type]
+            )
+            ids = [
+                t
+                for c in chunks
+                if c.choices
+                for t in (c.choices[0].model_extra or {}).get("token_ids") or []
+            ]
+            assert len(chunks) > 3 and ids  # token by token, each chunk with its token ids
+            assert rollout.events()[-1]["response"]["choices"][0]["token_ids"] == ids
+            return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         answer = rollout.openai.chat.completions.create(model="m", messages=messages, tools=TOOLS)  # type: ignore[arg-type]
         message = answer.choices[0].message
         if not message.tool_calls:
@@ -219,7 +233,7 @@ LOOPS: dict[str, Callable[..., str]] = {
 }
 
 
-@pytest.mark.parametrize("api", ["responses", "anthropic.messages"])
+@pytest.mark.parametrize("api", ["responses", "anthropic.messages", "chat.completions"])
 def test_sdk_tool_loop_is_recorded_exactly_as_vllm_generated(
     gateways: dict[str, RunningGateway], vllm_server: ScriptedVLLM, api: str
 ) -> None:
