@@ -22,6 +22,7 @@ from agentlightning.client import GatewayClient
 from agentlightning.openai_server.app import OpenAIServer
 from agentlightning.openai_server.backend import BadRequest, Call
 from agentlightning.schemas import Model, RolloutCreate
+from agentlightning.server.proxy.token_stream import merged
 from agentlightning.testing.fake_model_server import (
     END,
     FakeModelServer,
@@ -172,21 +173,20 @@ def test_a_re_serialized_tool_call_keeps_the_rollout_one_row(
         assert second["segment"] == {"continues": True, "token_exact": True} and second["stream"] is stream
         paths = [r["path"] for r in scale_out_fake.requests]
         steps = [p for i, p in enumerate(paths) if i == 0 or paths[i - 1] != p]
-        assert (
-            steps
-            == [
-                "/v1/chat/completions/render",
-                "/inference/v1/generate",
-                "/v1/chat/completions/derender",
-            ]
-            * 2
-        )
-        # A chat stream is derendered event by event, then whole; the other APIs' streams are
-        # made from the whole answer.
-        streamed_derenders = len(paths) - 6 if stream and api == "chat.completions" else 0
-        assert streamed_derenders == (
-            len("it is 9".split()) + 1 if stream and api == "chat.completions" else 0
-        )
+        call_steps = [
+            "/v1/chat/completions/render",
+            "/inference/v1/generate",
+            "/v1/chat/completions/derender",
+        ]
+        assert steps == call_steps * 2
+        # A chat stream is derendered event by event (events that arrive together as one: at
+        # most one request a token), then whole; the other APIs' streams are made from the whole
+        # answer.
+        streamed_derenders = len(paths) - 6
+        if stream and api == "chat.completions":
+            assert 1 <= streamed_derenders <= len("it is 9".split()) + 1
+        else:
+            assert streamed_derenders == 0
         render, generate = scale_out_fake.requests[3]["body"], scale_out_fake.requests[4]["body"]
         # The prompt the model saw: the first call's prompt and answer as generated, then what is new.
         sequence = first["response"]["prompt_token_ids"] + first["response"]["choices"][0]["token_ids"]
@@ -280,7 +280,9 @@ def test_a_token_path_stream_reaches_the_agent_while_the_model_generates(
     )  # type: ignore[arg-type]
     chunks = iter(stream)
     first = next(chunks)
-    assert first.choices[0].delta.content == "one"  # while generate is held: it has not finished
+    # While generate is held after two tokens: it has not finished. (Events that arrive together
+    # are derendered together.)
+    assert first.choices[0].delta.content in ("one", "one two")
     scale_out_fake.open_gate("held")
     rest = list(chunks)
     text = "".join(c.choices[0].delta.content or "" for c in [first, *rest] if c.choices)
@@ -305,6 +307,50 @@ def test_a_token_path_stream_reaches_the_agent_while_the_model_generates(
         assert streamed["response"]["choices"][0][key] == whole["response"]["choices"][0][key]
     assert streamed["response"]["prompt_token_ids"] == whole["response"]["prompt_token_ids"]
     assert streamed["segment"] == whole["segment"]
+
+
+def test_a_streamed_tool_call_reaches_the_agent_as_the_non_streamed_one(
+    gateways: dict[str, RunningGateway], scale_out_fake: FakeModelServer
+) -> None:
+    scale_out_fake.state.reset()
+    scale_out_fake.script(*[Reply(content="", tool_calls=[ToolCall("calc", WRITTEN)])] * 2)
+    answers = []
+    for stream in (True, False):
+        rollout = Rollout(gateways["exact"])
+        messages = [{"role": "user", "content": QUESTION}]
+        if stream:
+            chunks = list(
+                rollout.openai.chat.completions.create(
+                    model="m", messages=messages, tools=CHAT_TOOLS, stream=True
+                )  # type: ignore[arg-type]
+            )
+            deltas = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or []]
+            assert len(deltas) > 2  # the arguments come in pieces, as the model writes them
+            name = next(d.function.name for d in deltas if d.function and d.function.name)
+            arguments = "".join(d.function.arguments or "" for d in deltas if d.function)
+            assert (name, arguments) == ("calc", WRITTEN)
+            assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+        else:
+            rollout.openai.chat.completions.create(model="m", messages=messages, tools=CHAT_TOOLS)  # type: ignore[arg-type]
+        (event,) = rollout.events()
+        answers.append(event["response"]["choices"][0])
+    streamed, whole = answers
+    assert streamed["message"]["tool_calls"][0]["function"] == whole["message"]["tool_calls"][0]["function"]
+    assert (streamed["token_ids"], streamed["finish_reason"]) == (whole["token_ids"], whole["finish_reason"])
+
+
+def test_generate_events_that_arrive_together_go_to_derender_as_one() -> None:
+    def event(ids: list[int], finish: str | None = None) -> dict[str, Any]:
+        content = [{"token_id": t, "logprob": -0.5} for t in ids]
+        choice = {"index": 0, "token_ids": ids, "logprobs": {"content": content}, "finish_reason": finish}
+        return {"request_id": "g", "choices": [choice]}
+
+    one = merged([event([7, 8]), event([9]), event([2], "stop")])
+    assert one["request_id"] == "g"
+    (choice,) = one["choices"]
+    assert choice["token_ids"] == [7, 8, 9, 2] and choice["finish_reason"] == "stop"
+    assert [e["token_id"] for e in choice["logprobs"]["content"]] == [7, 8, 9, 2]
+    assert merged([event([5])]) == event([5])
 
 
 def test_an_agent_leaving_a_token_path_stream_closes_generate_and_leaves_an_incomplete_event(

@@ -206,13 +206,11 @@ def chat_loop(rollout: Rollout, stream_last: bool = False) -> str:
             chunks = list(
                 rollout.openai.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=True)  # type: ignore[arg-type]
             )
-            ids = [
-                t
-                for c in chunks
-                if c.choices
-                for t in (c.choices[0].model_extra or {}).get("token_ids") or []
-            ]
-            assert len(chunks) > 3 and ids  # token by token, each chunk with its token ids
+            extras = [c.choices[0].model_extra or {} for c in chunks if c.choices]
+            ids = [t for extra in extras for t in extra.get("token_ids") or []]
+            # streamed: every chunk carries its token ids (made from a whole answer, the finish
+            # chunk would carry none)
+            assert extras and all(extra.get("token_ids") is not None for extra in extras)
             assert rollout.events()[-1]["response"]["choices"][0]["token_ids"] == ids
             return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         answer = rollout.openai.chat.completions.create(model="m", messages=messages, tools=TOOLS)  # type: ignore[arg-type]

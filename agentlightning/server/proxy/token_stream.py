@@ -146,6 +146,7 @@ class TokenStreamAnswer(Response):
 
         try:
             async for data in self.upstream.content.iter_any():
+                events: list[dict[str, Any]] = []
                 for raw in splitter.feed(data):
                     payload = event_data(raw)
                     if payload is None or payload.strip() == DONE:
@@ -160,10 +161,10 @@ class TokenStreamAnswer(Response):
                             f"{self.model.endpoint} sent an event on the token path's {GENERATE} "
                             f"stream that is not vLLM's: {problem} (it began: {payload[:200].decode(errors='replace')})"
                         )
-                    else:
-                        error = await forward(event)
-                    if error is not None or self.agent_gone:
                         break
+                    events.append(event)
+                if error is None and events:
+                    error = await forward(merged(events))
                 if error is not None or self.agent_gone:
                     break
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -232,3 +233,23 @@ class TokenStreamAnswer(Response):
             }
             tail = sse("chunk", usage, named=False)
         return tail + b"data: [DONE]\n\n"
+
+
+def merged(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Generate's events that arrived together as one: their token ids and log-probs in order,
+    the last one's finish. While a derender request is out, the events that come meanwhile wait
+    in the connection's buffer and go to the next derender together: one request a read, not
+    one a token, when the engine outpaces the Gateway."""
+    if len(events) == 1:
+        return events[0]
+    choices = [event["choices"][0] for event in events]
+    content = [e for c in choices for e in ((c.get("logprobs") or {}).get("content") or [])]
+    last = choices[-1]
+    choice = {
+        **choices[0],
+        "token_ids": [t for c in choices for t in c.get("token_ids") or []],
+        "logprobs": {"content": content} if content else None,
+        "finish_reason": last.get("finish_reason"),
+        "stop_reason": last.get("stop_reason"),
+    }
+    return {**events[-1], "choices": [choice]}
