@@ -3,8 +3,9 @@
 
 Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET /health`,
 and, for a `ScaleOutBackend`, vLLM's `POST /v1/chat/completions/render`,
-`POST /inference/v1/generate` and `POST /v1/chat/completions/derender` (403 while its
-`scale_out` is off, as vLLM without `--enable-scale-out`). Bodies are validated as OpenAI
+`POST /inference/v1/generate` (streamed when the backend answers an `Answer` with chunks) and
+`POST /v1/chat/completions/derender` (403 while its `scale_out` is off, as vLLM without
+`--enable-scale-out`). Bodies are validated as OpenAI
 requests (a clear 400 in OpenAI's error shape) unless the server is built `lenient`.
 
 aiohttp, not FastAPI: a fault hook can drop a connection before any answer
@@ -170,7 +171,7 @@ def build_app(
     async def health(request: web.Request) -> web.Response:
         return web.Response()
 
-    async def scale_out(request: web.Request) -> web.Response:
+    async def scale_out(request: web.Request) -> web.StreamResponse:
         if not isinstance(backend, ScaleOutBackend) or not backend.scale_out:
             return error_response(403, "Scale-out endpoints are disabled")  # a capability check: not logged
         raw = await request.read()
@@ -188,6 +189,8 @@ def build_app(
                 result = await backend.derender(call)
             else:
                 result = await backend.generate(call)
+            if isinstance(result, Answer):  # generate with `stream: true`: its events
+                return await _respond(request, result, None)
             return json_response(result)
         except BadRequest as exc:
             return error_response(exc.status, str(exc), exc.kind)

@@ -33,9 +33,11 @@ A process is scripted over HTTP: `POST /fake/script` (a list of Reply objects as
 
 With `state.scale_out` (`--scale-out`) it also serves vLLM's scale-out endpoints, as
 `vllm serve --enable-scale-out` does: `POST /v1/chat/completions/render` (the toy template's
-prompt ids), `POST /inference/v1/generate` (the scripted answer's ids and log-probs) and
-`POST /v1/chat/completions/derender` (those ids back into the chat message); without it they
-answer 403, as vLLM does without the flag.
+prompt ids), `POST /inference/v1/generate` (the scripted answer's ids and log-probs, held at the reply's
+`gate`; with `stream: true` one event a token, held there after `gate_after_chunks`) and
+`POST /v1/chat/completions/derender` (those ids back into the chat message; with `stream: true`
+one generate event into one chat chunk, as vLLM's streamed derender); without it they answer
+403, as vLLM does without the flag.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ import threading
 import time
 import zlib
 from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, fields
 from typing import Any, Self
 
@@ -247,6 +250,7 @@ class FakeState:
         # vLLM's scale-out endpoints (`--enable-scale-out`): render, generate on tokens, derender.
         self.scale_out = False
         self.generated: dict[tuple[int, ...], tuple[_Answer, str]] = {}  # for derender: ids → answer, id
+        self.streamed: dict[str, _Answer] = {}  # for streamed derender: generate's request id → answer
         self._lock = threading.Lock()
         self._script: list[Reply] = []
         self.requests: deque[dict[str, Any]] = deque(maxlen=10000)
@@ -582,7 +586,7 @@ class ToyBackend:
             "model": toy.model,
         }
 
-    async def generate(self, call: Call) -> dict[str, Any]:
+    async def generate(self, call: Call) -> dict[str, Any] | Answer:
         body, state = call.body, self.state
         prompt = body["token_ids"]
         if not isinstance(prompt, list) or not prompt:
@@ -596,19 +600,76 @@ class ToyBackend:
         request_id = f"gen-{next(_ids)}"
         if len(state.generated) > 10000:
             state.generated.clear()
+            state.streamed.clear()
         state.generated[tuple(ids)] = (answer, request_id)
         if answer.finish_reason == "stop":  # the Gateway derenders without the stopping token, as for vLLM
             state.generated[tuple(ids[:-1])] = (answer, request_id)
+        with_logprobs = sampling.get("logprobs") is not None
+        if body.get("stream") is True:
+            state.streamed[request_id] = answer
+            return Answer(chunks=self._generate_chunks(reply, answer, request_id, with_logprobs))
+        if reply.gate is not None:  # the whole answer waits for the gate, wherever a stream would
+            await state.wait_gate(reply.gate)
         logprobs = None
-        if sampling.get("logprobs") is not None:
+        if with_logprobs:
             logprobs = {
                 "content": [{"token_id": t, "logprob": token_logprob(t, p)} for p, t in enumerate(ids)]
             }
         choice = {"index": 0, "token_ids": ids, "finish_reason": answer.finish_reason, "logprobs": logprobs}
         return {"request_id": request_id, "choices": [choice], "usage": usage(len(prompt), len(ids))}
 
+    async def _generate_chunks(
+        self, reply: Reply, answer: _Answer, request_id: str, with_logprobs: bool
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Generate's events, one token each (as vLLM's engine steps), held at the reply's gate
+        after `gate_after_chunks` of them."""
+        last = len(answer.tokens) - 1
+        for position, token in enumerate(answer.tokens):
+            if reply.gate is not None and position == reply.gate_after_chunks:
+                await self.state.wait_gate(reply.gate)
+            logprobs = None
+            if with_logprobs:
+                logprobs = {"content": [{"token_id": token.id, "logprob": token_logprob(token.id, position)}]}
+            choice = {
+                "index": 0,
+                "token_ids": [token.id],
+                "logprobs": logprobs,
+                "finish_reason": answer.finish_reason if position == last else None,
+            }
+            yield {"request_id": request_id, "choices": [choice]}
+
+    def _derender_chunk(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Streamed derender: one generate event → one chat chunk and the state for the next
+        (here: the tokens seen so far)."""
+        chunk = body["generate_chunk"]
+        request_id = chunk["request_id"]
+        answer = self.state.streamed[request_id]
+        seen = int((body.get("stream_state") or {}).get("seen", 0))
+        choice = chunk["choices"][0]
+        ids = choice.get("token_ids") or []
+        if [t.id for t in answer.tokens[seen : seen + len(ids)]] != ids:
+            raise BadRequest(f"tokens {ids} are not the stream's next ones")
+        delta: dict[str, Any] = {"role": "assistant"} if seen == 0 else {}
+        for token in answer.tokens[seen : seen + len(ids)]:
+            piece = _Call._delta(token, f"call_{request_id}_{token.tool_index}", answer)
+            if "content" in piece:
+                delta["content"] = delta.get("content", "") + piece["content"]
+            delta.setdefault("tool_calls", []).extend(piece.get("tool_calls", []))
+        if not delta.get("tool_calls"):
+            delta.pop("tool_calls", None)
+        out = {
+            "id": f"chatcmpl-{request_id}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": body.get("model"),
+            "choices": [{"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason")}],
+        }
+        return {"chunk": out, "stream_state": {"seen": seen + len(ids)}}
+
     async def derender(self, call: Call) -> dict[str, Any]:
         body = call.body
+        if body.get("stream") is True:
+            return self._derender_chunk(body)
         generated = body["generate_response"]["choices"][0]
         answer, request_id = self.state.generated[tuple(generated["token_ids"])]
         calls = [_tool_call_json(c, f"call_{request_id}_{i}") for i, c in enumerate(answer.tool_calls)]

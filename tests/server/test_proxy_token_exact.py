@@ -15,12 +15,27 @@ import anthropic
 import httpx
 import openai
 import pytest
+from aiohttp import web
 
 from agentlightning.aggregation import AggregationStats, aggregate_rollout
 from agentlightning.client import GatewayClient
+from agentlightning.openai_server.app import OpenAIServer
+from agentlightning.openai_server.backend import BadRequest, Call
 from agentlightning.schemas import Model, RolloutCreate
-from agentlightning.testing.fake_model_server import END, FakeModelServer, Reply, ToolCall, chat_prompt_ids
+from agentlightning.server.proxy.token_stream import merged
+from agentlightning.testing.fake_model_server import (
+    END,
+    FakeModelServer,
+    FakeState,
+    Reply,
+    ToolCall,
+    ToyBackend,
+    build_app,
+    chat_prompt_ids,
+    encode,
+)
 from tests.conftest import RunningGateway, start_gateway
+from tests.server.test_proxy import wait_for
 
 KEY = "exact-key"
 # The model writes JSON with spaces; every harness below sends it back compact (the Anthropic
@@ -156,11 +171,22 @@ def test_a_re_serialized_tool_call_keeps_the_rollout_one_row(
             "first": True,
         }
         assert second["segment"] == {"continues": True, "token_exact": True} and second["stream"] is stream
-        assert [r["path"] for r in scale_out_fake.requests] == [
+        paths = [r["path"] for r in scale_out_fake.requests]
+        steps = [p for i, p in enumerate(paths) if i == 0 or paths[i - 1] != p]
+        call_steps = [
             "/v1/chat/completions/render",
             "/inference/v1/generate",
             "/v1/chat/completions/derender",
-        ] * 2
+        ]
+        assert steps == call_steps * 2
+        # A chat stream is derendered event by event (events that arrive together as one: at
+        # most one request a token), then whole; the other APIs' streams are made from the whole
+        # answer.
+        streamed_derenders = len(paths) - 6
+        if stream and api == "chat.completions":
+            assert 1 <= streamed_derenders <= len("it is 9".split()) + 1
+        else:
+            assert streamed_derenders == 0
         render, generate = scale_out_fake.requests[3]["body"], scale_out_fake.requests[4]["body"]
         # The prompt the model saw: the first call's prompt and answer as generated, then what is new.
         sequence = first["response"]["prompt_token_ids"] + first["response"]["choices"][0]["token_ids"]
@@ -234,6 +260,296 @@ def test_an_upstream_without_the_endpoints_is_passed_through(
             assert events[0]["response"]["prompt_token_ids"] == chat_prompt_ids(
                 [{"role": "user", "content": "hi"}]
             )
+        finally:
+            gw.process.stop()
+
+
+def test_a_token_path_stream_reaches_the_agent_while_the_model_generates(
+    gateways: dict[str, RunningGateway], scale_out_fake: FakeModelServer
+) -> None:
+    """The first chunk comes while generate is held after two tokens (at the fake's gate); the
+    chunks carry the token ids; the recorded call is the one a call that is not streamed records."""
+    words = "one two three four five"
+    scale_out_fake.state.reset()
+    scale_out_fake.script(Reply(content=words, gate="held", gate_after_chunks=2), Reply(content=words))
+    rollout = Rollout(gateways["exact"])
+    hi = [{"role": "user", "content": "count"}]
+    agent = rollout.openai.with_options(timeout=60)  # no first chunk before the gate opens: a failure
+    stream = agent.chat.completions.create(
+        model="m", messages=hi, stream=True, stream_options={"include_usage": True}, logprobs=True
+    )  # type: ignore[arg-type]
+    chunks = iter(stream)
+    first = next(chunks)
+    # While generate is held after two tokens: it has not finished. (Events that arrive together
+    # are derendered together.)
+    assert first.choices[0].delta.content in ("one", "one two")
+    scale_out_fake.open_gate("held")
+    rest = list(chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in [first, *rest] if c.choices)
+    assert text == words
+    ids = [
+        t
+        for c in [first, *rest]
+        if c.choices
+        for t in (c.choices[0].model_extra or {}).get("token_ids") or []
+    ]
+    assert rest[-1].usage is not None and rest[-1].usage.completion_tokens == len(ids)
+    assert (first.model_extra or {})["prompt_token_ids"] == chat_prompt_ids(hi)
+
+    other = Rollout(gateways["exact"])
+    other.openai.chat.completions.create(model="m", messages=hi, logprobs=True)  # type: ignore[arg-type]
+    (streamed,), (whole,) = rollout.events(), other.events()
+    assert streamed["status"] == "ok" and streamed["stream"] is True and not streamed["incomplete"]
+    assert (
+        streamed["response"]["choices"][0]["token_ids"] == ids == whole["response"]["choices"][0]["token_ids"]
+    )
+    for key in ("message", "logprobs", "finish_reason"):
+        assert streamed["response"]["choices"][0][key] == whole["response"]["choices"][0][key]
+    assert streamed["response"]["prompt_token_ids"] == whole["response"]["prompt_token_ids"]
+    assert streamed["segment"] == whole["segment"]
+
+
+def test_a_streamed_tool_call_reaches_the_agent_as_the_non_streamed_one(
+    gateways: dict[str, RunningGateway], scale_out_fake: FakeModelServer
+) -> None:
+    scale_out_fake.state.reset()
+    scale_out_fake.script(*[Reply(content="", tool_calls=[ToolCall("calc", WRITTEN)])] * 2)
+    answers = []
+    for stream in (True, False):
+        rollout = Rollout(gateways["exact"])
+        messages = [{"role": "user", "content": QUESTION}]
+        if stream:
+            chunks = list(
+                rollout.openai.chat.completions.create(
+                    model="m", messages=messages, tools=CHAT_TOOLS, stream=True
+                )  # type: ignore[arg-type]
+            )
+            deltas = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or []]
+            assert len(deltas) > 2  # the arguments come in pieces, as the model writes them
+            name = next(d.function.name for d in deltas if d.function and d.function.name)
+            arguments = "".join(d.function.arguments or "" for d in deltas if d.function)
+            assert (name, arguments) == ("calc", WRITTEN)
+            assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+        else:
+            rollout.openai.chat.completions.create(model="m", messages=messages, tools=CHAT_TOOLS)  # type: ignore[arg-type]
+        (event,) = rollout.events()
+        answers.append(event["response"]["choices"][0])
+    streamed, whole = answers
+    assert streamed["message"]["tool_calls"][0]["function"] == whole["message"]["tool_calls"][0]["function"]
+    assert (streamed["token_ids"], streamed["finish_reason"]) == (whole["token_ids"], whole["finish_reason"])
+
+
+def test_generate_events_that_arrive_together_go_to_derender_as_one() -> None:
+    def event(ids: list[int], finish: str | None = None) -> dict[str, Any]:
+        content = [{"token_id": t, "logprob": -0.5} for t in ids]
+        choice = {"index": 0, "token_ids": ids, "logprobs": {"content": content}, "finish_reason": finish}
+        return {"request_id": "g", "choices": [choice]}
+
+    one = merged([event([7, 8]), event([9]), event([2], "stop")])
+    assert one["request_id"] == "g"
+    (choice,) = one["choices"]
+    assert choice["token_ids"] == [7, 8, 9, 2] and choice["finish_reason"] == "stop"
+    assert [e["token_id"] for e in choice["logprobs"]["content"]] == [7, 8, 9, 2]
+    assert merged([event([5])]) == event([5])
+
+
+def test_an_agent_leaving_a_token_path_stream_closes_generate_and_leaves_an_incomplete_event(
+    gateways: dict[str, RunningGateway], scale_out_fake: FakeModelServer
+) -> None:
+    scale_out_fake.state.reset()
+    scale_out_fake.script(Reply(content="one two three four five", gate="left", gate_after_chunks=2))
+    rollout = Rollout(gateways["exact"])
+    url = (
+        f"{gateways['exact'].url}/proxy/rollout/{rollout.id}/attempt/a1/mode/train/openai/v1/chat/completions"
+    )
+    body = {"model": "m", "messages": [{"role": "user", "content": "count"}], "stream": True}
+    with httpx.stream("POST", url, json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as r:
+        for line in r.iter_lines():
+            if line:
+                break  # the agent goes away after its first chunk, while generate is held
+    assert wait_for(lambda: len(rollout.events()) == 1)
+    (event,) = rollout.events()
+    assert (event["incomplete"], event["status"], event["stream"]) == (True, "error", True)
+    assert "disconnected" in event["error"]
+    assert event["response"]["choices"][0]["token_ids"] == encode("one two")  # what came before the hold
+    assert wait_for(lambda: scale_out_fake.state.active == 0), "generate was closed (vLLM aborts it)"
+    scale_out_fake.open_gate("left")
+
+
+class WholeGenerate(ToyBackend):
+    """The toy model with vLLM's token endpoints, whose generate answers whole even when asked
+    for a stream (an engine without generate streaming)."""
+
+    async def generate(self, call: Call) -> Any:
+        return await super().generate(Call(call.path, {**call.body, "stream": False}))
+
+
+def test_a_token_path_stream_from_a_generate_that_does_not_stream(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    state = FakeState()
+    state.scale_out = True
+    with OpenAIServer(build_app(state, WholeGenerate(state))) as upstream:
+        gw = start_gateway(tmp_path_factory.mktemp("whole-generate"), KEY)
+        try:
+            with GatewayClient(gw.url, KEY) as c:
+                c.register_models([Model(model="policy", endpoint=upstream.base_url, version=1)])
+            rollout = Rollout(gw)
+            state.script(Reply(content="all at once"))
+            chunks = list(
+                rollout.openai.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}], stream=True
+                )  # type: ignore[arg-type]
+            )
+            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "all at once"
+            assert [r["path"] for r in state.requests][1:] == [
+                "/inference/v1/generate",
+                "/v1/chat/completions/derender",
+            ]
+            (event,) = rollout.events()
+            assert event["status"] == "ok" and event["segment"]["token_exact"] is True
+        finally:
+            gw.process.stop()
+
+
+def catch_all_server(paths: list[str]) -> OpenAIServer:
+    """A simple fake OpenAI server, as a new user writes one: every POST, whatever its path, answers
+    200 with the same chat completion (its paths are appended to `paths`)."""
+    completion = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    }
+
+    async def answer(request: web.Request) -> web.Response:
+        paths.append(request.path)
+        return web.json_response(completion)
+
+    app = web.Application()
+    app.router.add_post("/{path:.*}", answer)
+    return OpenAIServer(app)
+
+
+def test_an_upstream_that_answers_any_path_is_passed_through(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A 200 on the render path is not vLLM's render unless its body is: such an upstream is
+    served by pass-through (the Gateway says so once, in a warning), every API's call succeeds
+    and is recorded."""
+    paths: list[str] = []
+    with catch_all_server(paths) as upstream:
+        gw = start_gateway(tmp_path_factory.mktemp("catch-all"), KEY)
+        try:
+            with GatewayClient(gw.url, KEY) as c:
+                c.register_models([Model(model="policy", endpoint=upstream.base_url, version=1)])
+            rollout = Rollout(gw)
+            hi = [{"role": "user", "content": "hi"}]
+            for _ in range(2):
+                answer = rollout.openai.chat.completions.create(model="m", messages=hi)  # type: ignore[arg-type]
+                assert answer.choices[0].message.content == "hello"
+            assert rollout.openai.responses.create(model="m", input="hi").output_text == "hello"
+            message = rollout.anthropic.messages.create(model="m", max_tokens=16, messages=hi)  # type: ignore[arg-type]
+            assert message.content[0].text == "hello"  # type: ignore[union-attr]
+            # render tried once, found not to be vLLM's; then every call passed through
+            assert paths == ["/v1/chat/completions/render"] + ["/v1/chat/completions"] * 4
+            events = rollout.events()
+            assert [(e["status"], e["http_status"]) for e in events] == [("ok", 200)] * 4
+            assert [e["api"] for e in events] == [
+                "chat.completions",
+                "chat.completions",
+                "responses",
+                "anthropic.messages",
+            ]
+            warnings = [
+                line for line in gw.process.log_path.read_text().splitlines() if "token_path_off" in line
+            ]  # type: ignore[union-attr]
+            assert len(warnings) == 1
+            assert upstream.base_url in warnings[0] and "not vLLM's answer: no 'token_ids'" in warnings[0]
+        finally:
+            gw.process.stop()
+
+
+GARBAGE = {"id": "x", "object": "text_completion", "choices": [{"index": 0, "text": "garbage"}]}
+
+
+class BrokenStep(ToyBackend):
+    """The toy model with vLLM's token endpoints, one of which answers 200 with another body
+    (`garbage`) or is not there (`missing`: 404, as behind a proxy that forwards only /v1)."""
+
+    def __init__(self, state: FakeState, step: str, fault: str = "garbage") -> None:
+        super().__init__(state)
+        self.step, self.fault = step, fault
+
+    def _broken(self) -> dict[str, Any]:
+        if self.fault == "missing":
+            raise BadRequest("Not Found", 404, "NotFoundError")
+        return GARBAGE
+
+    async def generate(self, call: Call) -> Any:
+        return self._broken() if self.step == "generate" else await super().generate(call)
+
+    async def derender(self, call: Call) -> dict[str, Any]:
+        return self._broken() if self.step == "derender" else await super().derender(call)
+
+
+@pytest.mark.parametrize(
+    ("step", "path", "problem"),
+    [
+        ("generate", "/inference/v1/generate", "no 'choices[0].token_ids'"),
+        ("derender", "/chat/completions/derender", "no 'choices[0].message'"),
+    ],
+)
+def test_a_malformed_token_step_is_a_502_naming_it(
+    tmp_path_factory: pytest.TempPathFactory, step: str, path: str, problem: str
+) -> None:
+    state = FakeState()
+    state.scale_out = True
+    with OpenAIServer(build_app(state, BrokenStep(state, step))) as upstream:
+        gw = start_gateway(tmp_path_factory.mktemp(f"garbage-{step}"), KEY)
+        try:
+            with GatewayClient(gw.url, KEY) as c:
+                c.register_models([Model(model="policy", endpoint=upstream.base_url, version=1)])
+            rollout = Rollout(gw)
+            with pytest.raises(openai.APIStatusError) as raised:
+                rollout.openai.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}]
+                )
+            assert raised.value.status_code == 502
+            message = raised.value.message
+            assert path in message and problem in message and "garbage" in message
+            (event,) = rollout.events()
+            assert event["status"] == "error" and event["http_status"] == 502
+            assert path in event["error"] and problem in event["error"]
+        finally:
+            gw.process.stop()
+
+
+@pytest.mark.parametrize("step", ["generate", "derender"])
+def test_an_upstream_missing_a_token_step_is_passed_through(
+    tmp_path_factory: pytest.TempPathFactory, step: str
+) -> None:
+    """Render served but generate or derender not (404): the call and the next are passed through."""
+    state = FakeState()
+    state.scale_out = True
+    with OpenAIServer(build_app(state, BrokenStep(state, step, "missing"))) as upstream:
+        gw = start_gateway(tmp_path_factory.mktemp(f"missing-{step}"), KEY)
+        try:
+            with GatewayClient(gw.url, KEY) as c:
+                c.register_models([Model(model="policy", endpoint=upstream.base_url, version=1)])
+            rollout = Rollout(gw)
+            for _ in range(2):
+                rollout.openai.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}]
+                )
+            chats = [r["path"] for r in state.requests if r["path"] == "/v1/chat/completions"]
+            assert len(chats) == 2 and sum(r["path"].endswith("/render") for r in state.requests) == 1
+            events = rollout.events()
+            assert [(e["status"], e["segment"]["token_exact"]) for e in events] == [("ok", False)] * 2
         finally:
             gw.process.stop()
 

@@ -199,8 +199,20 @@ def anthropic_loop(rollout: Rollout, stream_last: bool = False) -> str:
 
 
 def chat_loop(rollout: Rollout, stream_last: bool = False) -> str:
+    """The scripted tool loop through `chat.completions.create` (streamed for the last call)."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
-    for _ in range(len(TOOL_TURNS) + 1):
+    for turn in range(len(TOOL_TURNS) + 1):
+        if stream_last and turn == len(TOOL_TURNS):
+            chunks = list(
+                rollout.openai.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=True)  # type: ignore[arg-type]
+            )
+            extras = [c.choices[0].model_extra or {} for c in chunks if c.choices]
+            ids = [t for extra in extras for t in extra.get("token_ids") or []]
+            # streamed: every chunk carries its token ids (made from a whole answer, the finish
+            # chunk would carry none)
+            assert extras and all(extra.get("token_ids") is not None for extra in extras)
+            assert rollout.events()[-1]["response"]["choices"][0]["token_ids"] == ids
+            return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         answer = rollout.openai.chat.completions.create(model="m", messages=messages, tools=TOOLS)  # type: ignore[arg-type]
         message = answer.choices[0].message
         if not message.tool_calls:
@@ -219,7 +231,7 @@ LOOPS: dict[str, Callable[..., str]] = {
 }
 
 
-@pytest.mark.parametrize("api", ["responses", "anthropic.messages"])
+@pytest.mark.parametrize("api", ["responses", "anthropic.messages", "chat.completions"])
 def test_sdk_tool_loop_is_recorded_exactly_as_vllm_generated(
     gateways: dict[str, RunningGateway], vllm_server: ScriptedVLLM, api: str
 ) -> None:

@@ -3,7 +3,7 @@
 An agent's base URL is `{gateway}/proxy/rollout/{id}/attempt/{aid}/mode/{train|val}/openai/v1`.
 Each call is rewritten (rewrite.py), forwarded to the rollout's inference server with
 retries (upstream.py), and recorded as one `model_request` event before the agent gets the
-answer (capture.py; for a stream, before its last event: responses.py).
+answer (capture.py; for a stream, before its last event: responses.py, token_stream.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from agentlightning.server.proxy.experts import pop_routed_experts
 from agentlightning.server.proxy.responses import Answer, StreamAnswer, error_answer, paused_answer
 from agentlightning.server.proxy.rewrite import Api, pick_endpoint, rewrite, served_model, wants_usage_chunk
 from agentlightning.server.proxy.token_exact import chat_stream, messages_of
+from agentlightning.server.proxy.token_stream import TokenStreamAnswer
 from agentlightning.server.proxy.translate import ApiInputError
 from agentlightning.server.state import GatewayState
 from agentlightning.server.store import RolloutNotFound
@@ -137,9 +138,31 @@ async def _call(
     if config.token_exact and api != "completions":
         model = pick_endpoint(state.models.endpoints(model_name), rollout_id)
         if model is not None and runtime.tokens.serves(model.endpoint) is not False:
-            exact = await runtime.tokens.call(
-                state.store, model, upstream_body, params, rollout_id, attempt_id
-            )
+            if stream and translation is None:  # streamed as the engine generates (token_stream.py)
+                started_stream = await runtime.tokens.stream(
+                    state.store, model, upstream_body, params, rollout_id, attempt_id
+                )
+                if isinstance(started_stream, tuple):
+                    prepared, generate = started_stream
+                    record.data["segment"] = prepared.segment
+                    upstream_s = time.perf_counter() - started
+                    return TokenStreamAnswer(
+                        runtime.tokens,
+                        model,
+                        prepared,
+                        generate,
+                        record,
+                        state.store,
+                        started,
+                        wants_usage_chunk(body),
+                        done,
+                        rollout_gone,
+                    )
+                exact = started_stream
+            else:
+                exact = await runtime.tokens.call(
+                    state.store, model, upstream_body, params, rollout_id, attempt_id
+                )
     if exact is not None:
         forwarded = exact.forwarded
         forwarded.tries = exact.tries

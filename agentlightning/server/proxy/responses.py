@@ -75,7 +75,7 @@ def paused_answer(retry_after_seconds: float, reason: str | None, api: str = "ch
     return error_answer(429, message, "paused", headers, api)
 
 
-_STREAM_HEADERS = [
+STREAM_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
@@ -126,7 +126,7 @@ class StreamAnswer(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watcher = asyncio.create_task(self._watch(receive))
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": _STREAM_HEADERS})
+            await send({"type": "http.response.start", "status": 200, "headers": STREAM_HEADERS})
             tail = await self._pump(send)
             watcher.cancel()
             if not self.agent_gone:
@@ -195,14 +195,14 @@ class StreamAnswer(Response):
             await self.record.save(self.store)
         except RolloutNotFound as exc:
             self.on_rollout_gone()
-            return _error_event(404, str(exc), "not_found")
+            return error_event(404, str(exc), "not_found")
         except Exception as exc:
             log.exception("stream_record_failed", rollout_id=self.record.rollout_id)
-            return _error_event(
+            return error_event(
                 500, f"the call could not be recorded: {type(exc).__name__}: {exc}", "internal_error"
             )
         if error is not None and assembler.error is None:  # an upstream error event was passed on already
-            return _error_event(502, error, "upstream_error")
+            return error_event(502, error, "upstream_error")
         return done_event
 
 
@@ -210,5 +210,5 @@ def _usage_only(chunk: Any) -> bool:
     return isinstance(chunk, dict) and chunk.get("choices") == [] and chunk.get("usage") is not None
 
 
-def _error_event(status: int, message: str, kind: str) -> bytes:
+def error_event(status: int, message: str, kind: str) -> bytes:
     return b"data: " + orjson.dumps({"error": {"message": message, "type": kind, "code": status}}) + b"\n\n"

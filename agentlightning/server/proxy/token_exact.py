@@ -10,14 +10,20 @@ With an upstream that serves vLLM's scale-out endpoints (`vllm serve --enable-sc
 4. turn the generated tokens into the chat answer with the server's parsers
    (`/v1/chat/completions/derender`: content, reasoning, tool calls).
 
+A streamed chat call generates streamed and derenders each event as it comes (token_stream.py).
+
 Whether an upstream serves these is found out on its first call and remembered per endpoint;
-one that does not (403 without the flag, 404 elsewhere: our torch engine, other servers) is
-served by plain pass-through, as is everything with `default_proxy.token_exact: false`.
+one that does not (403 without the flag, 404 elsewhere: our torch engine, other servers; or a
+200 whose body is not vLLM's render answer: a catch-all server, a proxy in front of vLLM) is
+served by plain pass-through, said once in a warning, as is everything with
+`default_proxy.token_exact: false`. A malformed answer of a later step is the call's 502,
+naming the step and what was wrong.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +64,7 @@ def messages_of(chat: dict[str, Any]) -> list[tuple[Any, ...]]:
 
 def render_request(chat: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     """The body to render: the chat request with the proxy's settings, without what only the
-    answer's form needs (the generate step is never streamed)."""
+    answer's form needs (the proxy asks generate for a stream itself)."""
     request = {k: v for k, v in chat.items() if k not in _NOT_FOR_RENDER}
     request.update({k: v for k, v in params.items() if k not in _NOT_FOR_RENDER})
     return request
@@ -80,11 +86,29 @@ class ExactCall:
     tries: int = 0
 
 
+@dataclass
+class Prepared:
+    """A token-path call rendered and its prompt made: what generate gets, and what the answer's
+    derender and the attempt's history need."""
+
+    request: dict[str, Any]  # the chat request as rendered
+    generate_request: dict[str, Any]
+    rendered_ids: list[int]
+    prompt: list[int]
+    messages: list[tuple[Any, ...]]
+    tools: str
+    segment: dict[str, Any]
+    tries: int
+    rollout_id: str
+    attempt_id: str
+
+
 class TokenExact:
     def __init__(self, upstream: UpstreamClient) -> None:
         self.upstream = upstream
         # endpoint → (serves render/generate/derender, when that was found)
         self.supported: dict[str, tuple[bool, float]] = {}
+        self.warned: set[str] = set()  # endpoints already named in a pass-through warning
         self.history = AttemptHistory()
 
     def observe(self, record: CallRecord, chat: dict[str, Any], messages: list[tuple[Any, ...]]) -> None:
@@ -119,7 +143,9 @@ class TokenExact:
             request = next(r for t, r in stored if t is turn)
             rendered = await self._post(model, RENDER, request)
             if rendered.error is None and rendered.status == 200:
-                turn.rendered = orjson.loads(rendered.body)["token_ids"]
+                answer, problem = read_answer(rendered.body, render_problem)
+                if problem is None:
+                    turn.rendered = answer["token_ids"]
         log.debug("history_read_back", rollout_id=rollout_id, attempt_id=attempt_id, calls=len(stored))
         self.history.replace(rollout_id, attempt_id, read_back)
         return self.history.turns(rollout_id, attempt_id)
@@ -145,17 +171,59 @@ class TokenExact:
         attempt_id: str,
     ) -> ExactCall | None:
         """Serve one chat call on tokens. None: the endpoint has no token endpoints (now known)."""
+        prepared = await self.prepare(store, model, chat, params, rollout_id, attempt_id)
+        if not isinstance(prepared, Prepared):
+            return prepared
+        generated = await self._post(model, GENERATE, prepared.generate_request, root=True)
+        return await self.generated(model, prepared, generated)
+
+    async def stream(
+        self,
+        store: Store,
+        model: Model,
+        chat: dict[str, Any],
+        params: dict[str, Any],
+        rollout_id: str,
+        attempt_id: str,
+    ) -> tuple[Prepared, Forwarded] | ExactCall | None:
+        """Start one chat call on tokens with generate streamed: the prepared call and generate's
+        open event stream (token_stream.py reads it). An engine that answers generate whole is
+        answered as `call` does; None: the endpoint has no token endpoints (now known)."""
+        prepared = await self.prepare(store, model, chat, params, rollout_id, attempt_id)
+        if not isinstance(prepared, Prepared):
+            return prepared
+        body = orjson.dumps({**prepared.generate_request, "stream": True})
+        target = model.model_copy(update={"endpoint": server_root(model.endpoint)})
+        generated = await self.upstream.forward(lambda: target, GENERATE, body, True)
+        if generated.stream is not None:
+            prepared.tries += generated.tries - 1
+            return prepared, generated
+        return await self.generated(model, prepared, generated)
+
+    async def prepare(
+        self,
+        store: Store,
+        model: Model,
+        chat: dict[str, Any],
+        params: dict[str, Any],
+        rollout_id: str,
+        attempt_id: str,
+    ) -> Prepared | ExactCall | None:
+        """Render the call and make its prompt (steps 1-2): the generate request to send; else the
+        failed render's `ExactCall`, or None when the endpoint has no token endpoints."""
         request = render_request(chat, params)
         rendered = await self._post(model, RENDER, request)
-        tries = rendered.tries
         if rendered.error is None and rendered.status in UNSUPPORTED:
-            self.supported[model.endpoint] = (False, time.monotonic())
-            log.info("token_exact_unsupported", endpoint=model.endpoint, status=rendered.status)
+            self._pass_through(model.endpoint, f"{RENDER} answered {rendered.status}")
             return None
         if rendered.error is not None or rendered.status != 200:
-            return ExactCall(rendered, tries=tries)
+            return ExactCall(rendered, tries=rendered.tries)
+        generate_request, problem = read_answer(rendered.body, render_problem)
+        if problem is not None:  # a 200 that is not vLLM's render: a catch-all server, another engine
+            self._pass_through(model.endpoint, f"{RENDER} answered 200 with {problem}")
+            return None
         self.supported[model.endpoint] = (True, time.monotonic())
-        generate_request = orjson.loads(rendered.body)
+        self.warned.discard(model.endpoint)
         rendered_ids: list[int] = generate_request["token_ids"]
 
         messages = messages_of(chat)
@@ -178,11 +246,37 @@ class TokenExact:
             sampling["logprobs"] = 0
         generate_request["sampling_params"] = sampling
         generate_request["token_ids"] = prompt
-        generated = await self._post(model, GENERATE, generate_request, root=True)
-        tries += generated.tries - 1  # each step's retries count, not the steps
+        return Prepared(
+            request,
+            generate_request,
+            rendered_ids,
+            prompt,
+            messages,
+            tools,
+            segment,
+            rendered.tries,
+            rollout_id,
+            attempt_id,
+        )
+
+    async def generated(self, model: Model, prepared: Prepared, generated: Forwarded) -> ExactCall | None:
+        """Generate's whole answer checked, then derendered (steps 3-4)."""
+        tries = prepared.tries + generated.tries - 1  # each step's retries count, not the steps
+        segment = prepared.segment
+        if generated.error is None and generated.status in UNSUPPORTED:
+            self._pass_through(model.endpoint, f"{GENERATE} answered {generated.status}")
+            return None
         if generated.error is not None or generated.status != 200:
             return ExactCall(generated, segment=segment, tries=tries)
-        generation = orjson.loads(generated.body)
+        generation, problem = read_answer(generated.body, generation_problem)
+        if problem is not None:
+            return ExactCall(malformed(generated, GENERATE, problem), segment=segment, tries=tries)
+        prepared.tries = tries
+        return await self.answer(model, prepared, generation)
+
+    async def answer(self, model: Model, prepared: Prepared, generation: dict[str, Any]) -> ExactCall | None:
+        """The whole generation as the chat answer (derender), noted in the attempt's history."""
+        request, prompt, segment = prepared.request, prepared.prompt, prepared.segment
         derendered = await self._post(
             model,
             DERENDER,
@@ -193,22 +287,27 @@ class TokenExact:
                 "chat_request": request,
             },
         )
-        tries += derendered.tries - 1
+        tries = prepared.tries + derendered.tries - 1
+        if derendered.error is None and derendered.status in UNSUPPORTED:
+            self._pass_through(model.endpoint, f"{DERENDER} answered {derendered.status}")
+            return None
         if derendered.error is not None or derendered.status != 200:
             return ExactCall(derendered, segment=segment, tries=tries)
-        response = orjson.loads(derendered.body)
+        response, problem = read_answer(derendered.body, derender_problem)
+        if problem is not None:
+            return ExactCall(malformed(derendered, DERENDER, problem), segment=segment, tries=tries)
         response = _with_tokens(response, generation, prompt)
         choice = response["choices"][0]
         if choice.get("finish_reason") == "stop" and (choice.get("message") or {}).get("tool_calls"):
             # derender keeps the engine's reason; vLLM's chat path says tool_calls when it parsed some
             choice["finish_reason"] = "tool_calls"
         self.history.add(
-            rollout_id,
-            attempt_id,
+            prepared.rollout_id,
+            prepared.attempt_id,
             Turn(
-                messages=messages,
-                tools=tools,
-                rendered=rendered_ids,
+                messages=prepared.messages,
+                tools=prepared.tools,
+                rendered=prepared.rendered_ids,
                 prompt=prompt,
                 response=choice["token_ids"],
                 answer=meaning(choice.get("message") or {}),
@@ -217,9 +316,146 @@ class TokenExact:
         )
         return ExactCall(derendered, response, segment, tries)
 
+    async def derender_event(
+        self, model: Model, prepared: Prepared, event: dict[str, Any], state: Any
+    ) -> tuple[dict[str, Any], Any] | str:
+        """One event of generate's stream as the agent's chat chunk, with vLLM's streamed derender
+        (the state it hands back goes with the next event); a str says what failed."""
+        derendered = await self._post(
+            model,
+            DERENDER,
+            {
+                "stream": True,
+                "model": prepared.request.get("model"),
+                "generate_chunk": _without_stop_token(event),
+                "stream_state": state,
+                "prompt_tokens": len(prepared.prompt),
+                "prompt_token_ids": prepared.prompt,
+                "chat_request": prepared.request,
+            },
+        )
+        if derendered.error is not None:
+            return derendered.error
+        where = f"{model.endpoint} answered the token path's streamed {DERENDER} step"
+        if derendered.status != 200:
+            return f"{where} {derendered.status}: {derendered.body[:1000].decode(errors='replace')}"
+        answer, problem = read_answer(derendered.body, derender_chunk_problem)
+        if problem is not None:
+            return f"{where} with {problem} (it began: {derendered.body[:200].decode(errors='replace')})"
+        return answer["chunk"], answer.get("stream_state")
+
+    def _pass_through(self, endpoint: str, why: str) -> None:
+        """The endpoint does not serve the token path (until re-checked): its calls are passed
+        through. Said once per endpoint, where the user looks."""
+        self.supported[endpoint] = (False, time.monotonic())
+        if endpoint not in self.warned:
+            self.warned.add(endpoint)
+            log.warning(
+                "token_path_off",
+                endpoint=endpoint,
+                reason=why,
+                hint="calls to this endpoint are passed through, not token-exact; vLLM serves "
+                "the token path with --enable-scale-out (set default_proxy.token_exact=false "
+                "to pass every call through without trying)",
+            )
+
     async def _post(self, model: Model, path: str, body: dict[str, Any], root: bool = False) -> Forwarded:
         target = model.model_copy(update={"endpoint": server_root(model.endpoint)}) if root else model
         return await self.upstream.forward(lambda: target, path, orjson.dumps(body), False)
+
+
+# What vLLM's token endpoints answer (vllm/entrypoints/scale_out/token_in_token_out/protocol.py),
+# checked before use: each function says what is wrong with an answer, None when nothing is.
+
+
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and t >= 0 for t in value)
+
+
+def render_problem(answer: Any) -> str | None:
+    """Render answers a `GenerateRequest`: the prompt's `token_ids` and its `sampling_params`."""
+    if not isinstance(answer, dict):
+        return "a JSON value that is not an object"
+    if not _is_ids(answer.get("token_ids")) or not answer["token_ids"]:
+        return "no 'token_ids' (a non-empty list of token ids)"
+    if not isinstance(answer.get("sampling_params"), dict):
+        return "no 'sampling_params' object"
+    return None
+
+
+def generation_problem(answer: Any) -> str | None:
+    """Generate answers `choices[]`, each with the generated `token_ids` and maybe `logprobs.content[]`."""
+    if not isinstance(answer, dict):
+        return "a JSON value that is not an object"
+    choices = answer.get("choices")
+    if not isinstance(choices, list) or not choices or not all(isinstance(c, dict) for c in choices):
+        return "no 'choices' (a non-empty list of objects)"
+    if not _is_ids(choices[0].get("token_ids")):
+        return "no 'choices[0].token_ids' (a list of token ids)"
+    logprobs = choices[0].get("logprobs")
+    if logprobs is not None:
+        content = logprobs.get("content") if isinstance(logprobs, dict) else None
+        if not isinstance(logprobs, dict) or not (
+            content is None or (isinstance(content, list) and all(isinstance(e, dict) for e in content))
+        ):
+            return "a 'choices[0].logprobs' that is not an object with a 'content' list"
+    return None
+
+
+def derender_problem(answer: Any) -> str | None:
+    """Derender answers a chat completion: `choices[0].message`."""
+    if not isinstance(answer, dict):
+        return "a JSON value that is not an object"
+    choices = answer.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return "no 'choices' (a non-empty list of objects)"
+    if not isinstance(choices[0].get("message"), dict):
+        return "no 'choices[0].message' object"
+    return None
+
+
+def generate_event_problem(event: Any) -> str | None:
+    """A streamed generate event: `choices[0]` with the new `token_ids` (maybe none) and maybe
+    `logprobs.content[]` (the same shape as the whole answer's)."""
+    if isinstance(event, dict) and isinstance(event.get("choices"), list):
+        choices = event["choices"]
+        if choices and isinstance(choices[0], dict) and choices[0].get("token_ids") is None:
+            event = {**event, "choices": [{**choices[0], "token_ids": []}, *choices[1:]]}
+    return generation_problem(event)
+
+
+def derender_chunk_problem(answer: Any) -> str | None:
+    """Streamed derender answers `{chunk: <chat completion chunk>, stream_state}`."""
+    if not isinstance(answer, dict):
+        return "a JSON value that is not an object"
+    chunk = answer.get("chunk")
+    if not isinstance(chunk, dict) or not isinstance(chunk.get("choices"), list):
+        return "no 'chunk' (a chat completion chunk with 'choices')"
+    if not all(isinstance(c, dict) for c in chunk["choices"]):
+        return "a 'chunk.choices' that is not a list of objects"
+    return None
+
+
+def read_answer(body: bytes, problem_of: Callable[[Any], str | None]) -> tuple[Any, str | None]:
+    """An upstream step's answer parsed, and what is wrong with it (None: nothing)."""
+    try:
+        answer = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None, "a body that is not JSON"
+    problem = problem_of(answer)
+    return answer, None if problem is None else f"a body that is not vLLM's answer: {problem}"
+
+
+def malformed(forwarded: Forwarded, path: str, problem: str) -> Forwarded:
+    """A token-path step that answered 200 with a body it cannot use: the call's 502."""
+    endpoint = forwarded.model.endpoint if forwarded.model is not None else "the inference server"
+    head = forwarded.body[:200].decode(errors="replace")
+    return Forwarded(
+        502,
+        forwarded.model,
+        forwarded.tries,
+        error=f"{endpoint} answered the token path's {path} step with {problem} (it began: {head})",
+    )
 
 
 def _without_stop_token(generation: dict[str, Any]) -> dict[str, Any]:
@@ -251,14 +487,20 @@ def _with_tokens(response: dict[str, Any], generation: dict[str, Any], prompt: l
     choice = response["choices"][0]
     choice["token_ids"] = ids
     if content is not None:
-        choice["logprobs"] = {
-            "content": [
-                {"token": f"token_id:{e.get('token_id')}", "logprob": e.get("logprob"), "top_logprobs": []}
-                for e in content
-            ]
-        }
+        choice["logprobs"] = token_logprobs(content)
     response["prompt_token_ids"] = prompt
     return response
+
+
+def token_logprobs(content: list[dict[str, Any]]) -> dict[str, Any]:
+    """Generate's log-probs (token ids, no text: that server has no tokenizer) in the chat
+    answer's shape, `logprobs.content[].logprob`, as a pass-through call records them."""
+    return {
+        "content": [
+            {"token": f"token_id:{e.get('token_id')}", "logprob": e.get("logprob"), "top_logprobs": []}
+            for e in content
+        ]
+    }
 
 
 def turn_of(data: dict[str, Any]) -> tuple[Turn, dict[str, Any]] | None:

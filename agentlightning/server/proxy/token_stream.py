@@ -1,0 +1,255 @@
+"""A token-path chat call streamed to the agent while the engine generates it.
+
+Generate (`/inference/v1/generate` with `stream: true`) sends the new token ids in an event per
+engine step; each event goes through vLLM's streamed derender (one request an event, carrying
+the state the previous one handed back) and on to the agent as a chat chunk with its
+`token_ids` (the first also with `prompt_token_ids`), as vLLM's own chat stream does with
+`return_token_ids`. When generation ends, the whole generation is derendered once, as for a
+call that is not streamed (token_exact.py), so the recorded call is the same; it is recorded
+before the stream's `[DONE]` goes out. The Responses and Messages routes still make their
+streams from the finished answer (their encoders take a whole answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import orjson
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from agentlightning.log import get_logger
+from agentlightning.schemas import Model
+from agentlightning.server.proxy.capture import CallRecord
+from agentlightning.server.proxy.responses import STREAM_HEADERS, error_event
+from agentlightning.server.proxy.sse import DONE, EventSplitter, event_data
+from agentlightning.server.proxy.token_exact import (
+    GENERATE,
+    Prepared,
+    TokenExact,
+    generate_event_problem,
+    token_logprobs,
+)
+from agentlightning.server.proxy.translate import sse
+from agentlightning.server.proxy.upstream import Forwarded
+from agentlightning.server.store import RolloutNotFound, Store
+
+log = get_logger("proxy")
+
+
+class TokenStreamAnswer(Response):
+    """The agent's chat stream, chunk by chunk as generate's events arrive. If the agent leaves
+    mid-stream, generate's stream is closed (vLLM then aborts the request) and the call is
+    recorded as incomplete, with the tokens generated so far."""
+
+    def __init__(
+        self,
+        tokens: TokenExact,
+        model: Model,
+        prepared: Prepared,
+        generate: Forwarded,
+        record: CallRecord,
+        store: Store,
+        started: float,
+        pass_usage: bool,
+        done: Callable[[], None],
+        on_rollout_gone: Callable[[], None],
+    ) -> None:
+        super().__init__(status_code=200)
+        assert generate.stream is not None
+        self.upstream: aiohttp.ClientResponse = generate.stream
+        self.tokens = tokens
+        self.model = model
+        self.prepared = prepared
+        self.record = record
+        self.store = store
+        self.started = started
+        self.pass_usage = pass_usage
+        self.done = done
+        self.on_rollout_gone = on_rollout_gone
+        self.agent_gone = False
+
+    async def _watch(self, receive: Receive) -> None:
+        while True:
+            try:
+                message = await receive()
+            except OSError:
+                message = {"type": "http.disconnect"}
+            if message["type"] == "http.disconnect":
+                self.agent_gone = True
+                self.upstream.close()
+                return
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        watcher = asyncio.create_task(self._watch(receive))
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": STREAM_HEADERS})
+            tail = await self._pump(send)
+            watcher.cancel()
+            if not self.agent_gone:
+                await send({"type": "http.response.body", "body": tail, "more_body": False})
+        finally:
+            watcher.cancel()
+            self.upstream.close()
+            self.done()
+
+    async def _pump(self, send: Send) -> bytes:
+        """Send the chunks until generation ends; record the call. Returns the last bytes to send."""
+        prepared = self.prepared
+        ids: list[int] = []
+        logprobs: list[dict[str, Any]] = []
+        finish: str | None = None
+        stop_reason: Any = None
+        state: Any = None
+        first = True
+        error: str | None = None
+        splitter = EventSplitter()
+
+        async def forward(event: dict[str, Any]) -> str | None:
+            """One generate event to the agent; what failed, if anything."""
+            nonlocal finish, stop_reason, state, first
+            choice = event["choices"][0]
+            new = choice.get("token_ids") or []
+            content = (choice.get("logprobs") or {}).get("content") or []
+            ids.extend(new)
+            logprobs.extend(content)
+            if choice.get("finish_reason") is not None:
+                finish, stop_reason = choice["finish_reason"], choice.get("stop_reason")
+            derendered = await self.tokens.derender_event(self.model, prepared, event, state)
+            if isinstance(derendered, str):
+                return derendered
+            chunk, state = derendered
+            if not chunk["choices"]:
+                chunk["choices"] = [{"index": 0, "delta": {}, "finish_reason": choice.get("finish_reason")}]
+            chunk["choices"][0]["token_ids"] = new
+            if content:
+                chunk["choices"][0]["logprobs"] = token_logprobs(content)
+            if first:
+                chunk["prompt_token_ids"] = prepared.prompt
+                first = False
+            try:
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": sse("chunk", chunk, named=False),
+                        "more_body": True,
+                    }
+                )
+            except OSError:  # servers on ASGI spec 2.4 raise when the agent has gone
+                self.agent_gone = True
+                self.upstream.close()
+            return None
+
+        try:
+            async for data in self.upstream.content.iter_any():
+                events: list[dict[str, Any]] = []
+                for raw in splitter.feed(data):
+                    payload = event_data(raw)
+                    if payload is None or payload.strip() == DONE:
+                        continue
+                    try:
+                        event = orjson.loads(payload)
+                    except orjson.JSONDecodeError:
+                        event = None
+                    problem = generate_event_problem(event)
+                    if problem is not None:
+                        error = (
+                            f"{self.model.endpoint} sent an event on the token path's {GENERATE} "
+                            f"stream that is not vLLM's: {problem} (it began: {payload[:200].decode(errors='replace')})"
+                        )
+                        break
+                    events.append(event)
+                if error is None and events:
+                    error = await forward(merged(events))
+                if error is not None or self.agent_gone:
+                    break
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            if not self.agent_gone:
+                error = f"the inference server's {GENERATE} stream broke: {type(exc).__name__}: {exc}"
+        if self.agent_gone:
+            error = "the agent disconnected mid-stream"
+        elif error is None and finish is None:
+            error = f"the inference server's {GENERATE} stream ended before the answer finished"
+        generation = {
+            "choices": [
+                {
+                    "index": 0,
+                    "token_ids": ids,
+                    "finish_reason": finish,
+                    "stop_reason": stop_reason,
+                    "logprobs": {"content": logprobs} if logprobs else None,
+                }
+            ]
+        }
+        response: dict[str, Any] | None = None
+        tries = prepared.tries
+        if error is None:  # the whole answer, derendered as a call that is not streamed
+            exact = await self.tokens.answer(self.model, prepared, generation)
+            if exact is None:
+                error = f"{self.model.endpoint} does not serve the token path's derender step"
+            else:
+                response, tries = exact.response, exact.tries
+                if response is None:
+                    forwarded = exact.forwarded
+                    error = forwarded.error or (
+                        f"the token path's derender step answered {forwarded.status}: "
+                        f"{forwarded.body[:1000].decode(errors='replace')}"
+                    )
+        if response is None:  # what was generated, as a pass-through stream's record keeps it
+            response = {"choices": generation["choices"], "prompt_token_ids": prepared.prompt}
+        self.record.finish(
+            http_status=200,
+            latency_ms=(time.perf_counter() - self.started) * 1000,
+            model=self.model,
+            tries=tries,
+            response=response,
+            error=error,
+            incomplete=error is not None,
+        )
+        try:
+            await self.record.save(self.store)
+        except RolloutNotFound as exc:
+            self.on_rollout_gone()
+            return error_event(404, str(exc), "not_found")
+        except Exception as exc:
+            log.exception("stream_record_failed", rollout_id=self.record.rollout_id)
+            return error_event(
+                500, f"the call could not be recorded: {type(exc).__name__}: {exc}", "internal_error"
+            )
+        if error is not None:
+            return error_event(502, error, "upstream_error")
+        tail = b""
+        if self.pass_usage:
+            head = {k: response.get(k) for k in ("id", "created", "model")}
+            usage: dict[str, Any] = {
+                **head,
+                "object": "chat.completion.chunk",
+                "choices": [],
+                "usage": response.get("usage"),
+            }
+            tail = sse("chunk", usage, named=False)
+        return tail + b"data: [DONE]\n\n"
+
+
+def merged(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Generate's events that arrived together as one: their token ids and log-probs in order,
+    the last one's finish. While a derender request is out, the events that come meanwhile wait
+    in the connection's buffer and go to the next derender together: one request a read, not
+    one a token, when the engine outpaces the Gateway."""
+    if len(events) == 1:
+        return events[0]
+    choices = [event["choices"][0] for event in events]
+    content = [e for c in choices for e in ((c.get("logprobs") or {}).get("content") or [])]
+    last = choices[-1]
+    choice = {
+        **choices[0],
+        "token_ids": [t for c in choices for t in c.get("token_ids") or []],
+        "logprobs": {"content": content} if content else None,
+        "finish_reason": last.get("finish_reason"),
+        "stop_reason": last.get("stop_reason"),
+    }
+    return {**events[-1], "choices": [choice]}
