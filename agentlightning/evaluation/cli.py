@@ -192,20 +192,32 @@ class Evaluation:
         threads = str(int(self.cfg.torch_threads))
         self.env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, TOKENIZERS_PARALLELISM="false")
         self.ledger = ServiceLedger(self.dir)
-        self.vllm: Any = None
+        self.vllm: Any = None  # VLLMServers serving the policy under evaluation (engine=vllm)
+        self.engine: Service | None = None  # the agl-torch-server serving it (engine=torch)
+        self.gateway: Service | None = None
+        self.gateway_model = ""  # the served name the running Gateway routes to
+        self.controller: Service | None = None
 
     def _track(self, service: Service) -> Service:
         self.services.append(service)
         self.ledger.add(service)
         return service
 
-    def stop_all(self) -> None:
+    def stop_engine(self) -> None:
         if self.vllm is not None:
             self.vllm.stop()
             self.vllm = None
+        if self.engine is not None:
+            self.engine.stop(timeout=20)
+            self.services.remove(self.engine)
+            self.engine = None
+
+    def stop_all(self) -> None:
+        self.stop_engine()
         for service in reversed(self.services):
             service.stop(timeout=20)
         self.services = []
+        self.gateway = self.controller = None
 
     def check_alive(self) -> None:
         for service in self.services:
@@ -245,7 +257,7 @@ class Evaluation:
             )
             self.vllm.start()
             return str(self.vllm.endpoints[0])
-        server = self._track(
+        self.engine = self._track(
             start_torch_server(
                 model,
                 served_model_name=SERVED,
@@ -257,59 +269,80 @@ class Evaluation:
                 name=f"engine ({policy.name})",
             )
         )
-        return server.url
+        return self.engine.url
 
-    def run_policy(self, policy: Policy) -> list[rollouts.RolloutResult]:
+    def wanted(self, policy: Policy) -> dict[str, tuple[int, int]]:
+        """{rollout id: (task, sample)} of every rollout the policy's numbers need."""
         key = rollouts.run_key(policy.source, self.s.rollout_settings(policy))
-        wanted = {
+        return {
             rollouts.rollout_id(key, t, j): (t, j) for t in range(len(self.s.tasks)) for j in range(self.s.n)
         }
-        served = self.served_model(policy)
-        logs = self.dir / "logs"
-        gateway = self._track(
+
+    def gateway_for(self, served: str) -> Service:
+        """The Gateway on the eval's store, routing to `served`: kept from the previous policy
+        when it routes to the same name (then the Controller is kept too), else started anew."""
+        if self.gateway is not None and self.gateway_model == served:
+            return self.gateway
+        self.stop_all()
+        self.gateway_model = served
+        self.gateway = self._track(
             start_gateway(
                 f"default_proxy.model_name={served}",
                 f"default_proxy.val.temperature={self.s.temperature}",
                 key=self.key,
                 store_url=f"sqlite:///{self.dir / 'gateway.db'}",
                 log_level=str(self.cfg.log_level),
-                log_path=logs / "gateway.log",
+                log_path=self.dir / "logs" / "gateway.log",
                 env=self.env,
                 name="gateway",
                 ready_timeout=180,
             )
         )
+        return self.gateway
+
+    def drop_unfinished(self) -> None:
+        """Before any Controller runs: delete the rollouts a stopped eval left queued or running
+        (their agents died with it; a Controller would otherwise run them on the wrong engine)."""
+        gateway = self.gateway_for(self.served_model(self.s.policies[0]))
         with GatewayClient(gateway.url, self.key) as client:
-            dropped = rollouts.drop_unfinished(client, list(wanted))
+            for policy in self.s.policies:
+                dropped = rollouts.drop_unfinished(client, list(self.wanted(policy)))
+                if dropped:
+                    say(f"  {policy.name}: {dropped} rollouts a stopped eval left unfinished will run again")
+
+    def run_policy(self, policy: Policy) -> list[rollouts.RolloutResult]:
+        wanted = self.wanted(policy)
+        gateway = self.gateway_for(self.served_model(policy))
+        with GatewayClient(gateway.url, self.key) as client:
             done = rollouts.states(client, list(wanted))
             missing = {rid: ts for rid, ts in wanted.items() if rid not in done}
-            if dropped:
-                say(f"  {policy.name}: {dropped} rollouts a stopped eval left unfinished will run again")
             if missing:
-                self._run_missing(client, policy, gateway.url, missing, len(wanted))
+                try:
+                    self._run_missing(client, policy, gateway.url, missing, len(wanted))
+                finally:
+                    self.stop_engine()
             else:
                 say(f"  {policy.name}: all {len(wanted)} rollouts found finished in the store")
-            results = rollouts.read(client, wanted)
-        self.stop_all()
-        return results
+            return rollouts.read(client, wanted)
 
     def _run_missing(
         self, client: GatewayClient, policy: Policy, url: str, missing: dict[str, tuple[int, int]], total: int
     ) -> None:
-        self._track(
-            start_controller(
-                url,
-                runner_type="local",
-                key=self.key,
-                max_agents=int(self.cfg.agents_at_once),
-                log_dir=self.dir / "agents",
-                log_level=str(self.cfg.log_level),
-                log_path=self.dir / "logs" / "controller.log",
-                env=self.env,
-                name="controller",
-                ready_timeout=180,
+        if self.controller is None:
+            self.controller = self._track(
+                start_controller(
+                    url,
+                    runner_type="local",
+                    key=self.key,
+                    max_agents=int(self.cfg.agents_at_once),
+                    log_dir=self.dir / "agents",
+                    log_level=str(self.cfg.log_level),
+                    log_path=self.dir / "logs" / "controller.log",
+                    env=self.env,
+                    name="controller",
+                    ready_timeout=180,
+                )
             )
-        )
         endpoint = self.start_engine(policy)
         client.delete_models()
         client.register_models([{"model": self.served_model(policy), "endpoint": endpoint}])
@@ -332,6 +365,7 @@ class Evaluation:
         (self.dir / REPORT_FILE).unlink(missing_ok=True)  # a new run's report replaces it when complete
         summaries: dict[str, dict[str, Any]] = {}
         seed, boot = int(self.cfg.seed), int(self.cfg.bootstrap_samples)
+        self.drop_unfinished()
         for policy in self.s.policies:
             say(f"{policy.describe()}: {len(self.s.tasks)} tasks × {self.s.n} samples")
             results = self.run_policy(policy)
@@ -348,6 +382,7 @@ class Evaluation:
                     boot,
                 ),
             }
+        self.stop_all()
         names = list(summaries)
         comparisons = [
             reporting.compare(names[0], other, summaries, self.s.ks, seed, boot) for other in names[1:]
