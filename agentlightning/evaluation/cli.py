@@ -163,10 +163,9 @@ class ServiceLedger:
         self.entries = []
         self._write()
 
-    def add(self, service: Service) -> Service:
-        self.entries.append({"name": service.name, "pid": service.pid, "start": _start_time(service.pid)})
+    def add(self, name: str, pid: int) -> None:
+        self.entries.append({"name": name, "pid": pid, "start": _start_time(pid)})
         self._write()
-        return service
 
     def _write(self) -> None:
         me = {"pid": os.getpid(), "start": _start_time(os.getpid())}
@@ -200,7 +199,7 @@ class Evaluation:
 
     def _track(self, service: Service) -> Service:
         self.services.append(service)
-        self.ledger.add(service)
+        self.ledger.add(service.name, service.pid)
         return service
 
     def stop_engine(self) -> None:
@@ -232,7 +231,12 @@ class Evaluation:
             return SERVED
         import httpx
 
-        models = httpx.get(f"{policy.source}/models", timeout=10.0, trust_env=False).json().get("data", [])
+        try:
+            models = (
+                httpx.get(f"{policy.source}/models", timeout=10.0, trust_env=False).json().get("data", [])
+            )
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            raise EvalError(f"policy {policy.name}: GET {policy.source}/models failed: {exc}") from None
         names = [m.get("id") for m in models if isinstance(m, dict)]
         if len(names) != 1:
             raise EvalError(
@@ -246,8 +250,15 @@ class Evaluation:
             return policy.source
         model = policy.source
         if policy.kind == "checkpoint":
-            say(f"  {policy.name}: writing the checkpoint out as a model folder (once)")
-            model = str(export_checkpoint(policy.source, self.dir / "models" / policy.name))
+            # Named by the source too: the same name given to another checkpoint is another folder.
+            target = (
+                self.dir
+                / "models"
+                / f"{policy.name}-{hashlib.sha256(policy.source.encode()).hexdigest()[:8]}"
+            )
+            if not target.exists():
+                say(f"  {policy.name}: writing the checkpoint out as a model folder, {target}")
+            model = str(export_checkpoint(policy.source, target))
         log = self.dir / "logs" / f"engine-{policy.name}.log"
         if self.cfg.engine == "vllm":
             from agentlightning.torch_backend.vllm_server import VLLMServerConfig, VLLMServers
@@ -256,6 +267,8 @@ class Evaluation:
                 model, SERVED, VLLMServerConfig(seed=int(self.cfg.seed)), self.dir / "vllm" / policy.name
             )
             self.vllm.start()
+            for pid in self.vllm.pids:
+                self.ledger.add(f"vLLM ({policy.name})", pid)
             return str(self.vllm.endpoints[0])
         self.engine = self._track(
             start_torch_server(
