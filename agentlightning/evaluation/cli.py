@@ -148,7 +148,8 @@ class ServiceLedger:
         if self.path.is_file():
             old = orjson.loads(self.path.read_bytes())
             owner = old.get("eval", {})
-            if owner.get("pid") and _start_time(owner["pid"]) == owner.get("start"):
+            mine = owner.get("pid") == os.getpid()  # an earlier eval in this process (main() called twice)
+            if not mine and owner.get("pid") and _start_time(owner["pid"]) == owner.get("start"):
                 raise EvalError(f"another agl-eval (pid {owner['pid']}) is running on {self.path.parent}")
             stopped = []
             for entry in old.get("services", []):
