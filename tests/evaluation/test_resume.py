@@ -54,7 +54,7 @@ def eval_process(tmp_path: Path, out: Path, data: Path, warm: Path, log: str) ->
 
 def finished(proc: ManagedProcess) -> str:
     assert proc.proc is not None
-    assert proc.proc.wait(120) == 0, proc.log_tail(60)
+    assert proc.proc.wait(300) == 0, proc.log_tail(60)
     assert proc.log_path is not None
     return proc.log_path.read_text()
 
@@ -65,7 +65,7 @@ def numbers(report: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # a busy 2-core machine; alone it takes about a minute
+@pytest.mark.timeout(900)  # a busy 2-core machine; alone it takes about a minute
 def test_sigkill_mid_run_then_resume_gives_the_same_report(tmp_path: Path, warm_model: Path) -> None:
     data = tmp_path / "tasks.jsonl"
     # Half "gets/finds ... more" problems (the warmed model adds, and is right on these), half
@@ -87,7 +87,7 @@ def test_sigkill_mid_run_then_resume_gives_the_same_report(tmp_path: Path, warm_
     first = eval_process(tmp_path, out, data, warm_model, "first.log")
     assert first.log_path is not None
     progress = re.compile(r"warm: ([1-9]\d*)/18 rollouts done")
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300  # generous: a busy machine starts the services slowly
     while not progress.search(first.log_path.read_text()):
         assert first.alive(), first.log_tail(60)
         assert time.monotonic() < deadline, first.log_tail(60)
@@ -103,8 +103,7 @@ def test_sigkill_mid_run_then_resume_gives_the_same_report(tmp_path: Path, warm_
     found = int(re.search(r"warm: \d+/18 rollouts done \((\d+) found finished\)", log).group(1))  # type: ignore[union-attr]
     assert 1 <= found < 18
     resumed = json.loads((out / "report.json").read_text())
-    assert numbers(resumed) | {"settings": None} == numbers(reference) | {"settings": None}
-    assert resumed["settings"]["n"] == N
+    assert numbers(resumed) == numbers(reference)  # every per-task reward, interval and flip
 
     # In the store: the rollouts found finished were created before the restart, ran once
     # (one attempt) and were not created again; only the others were created after it.
