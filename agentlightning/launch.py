@@ -166,3 +166,39 @@ def start_controller(
     url = f"http://127.0.0.1:{metrics_port}"
     service = Service(name, argv, log_path, url, env, cwd, stop_grace)
     return _start(service, f"{url}/metrics", ready_timeout, True)
+
+
+def torch_server_command() -> list[str]:
+    """`agl-torch-server` in this interpreter."""
+    return [sys.executable, "-m", "agentlightning.torch_backend.server_cli"]
+
+
+def start_torch_server(
+    model: str,
+    *overrides: str,
+    served_model_name: str = "policy",
+    port: int | None = None,
+    seed: int | None = None,
+    torch_threads: int | None = None,
+    log_level: str | None = None,
+    log_path: PathLike | None = None,
+    env: Mapping[str, str] | None = None,
+    name: str = "agl-torch-server",
+    ready_timeout: float | None = 300.0,
+    stop_grace: float = 10.0,
+) -> Service:
+    """An `agl-torch-server` serving `model` (a Hugging Face folder or a built-in name), answering
+    `/health` before this returns; its `url` is the OpenAI base (`http://127.0.0.1:PORT/v1`)."""
+    port = free_port() if port is None else port
+    settings: dict[str, object] = {
+        "model": model,
+        "served_model_name": served_model_name,
+        "host": "127.0.0.1",
+        "port": port,
+        "seed": seed,
+        "torch_threads": torch_threads,
+        "log_level": log_level,
+    }
+    argv = _argv(torch_server_command(), settings, overrides)
+    service = Service(name, argv, log_path, f"http://127.0.0.1:{port}/v1", env, None, stop_grace)
+    return _start(service, f"http://127.0.0.1:{port}/health", ready_timeout, True)

@@ -2,7 +2,7 @@
 
     base (schemas, log, config loader, procs, …)  ←  client  ←  rows (recorded calls to training
     rows: aggregation, rewards)  ←  {server, controller, trainer}
-    trainer  ←  backends (torch_backend, verl: neither imports the other)  ←  demo
+    trainer  ←  backends (torch_backend, verl: neither imports the other)  ←  demo, evaluation
 
 Every import counts, lazy ones inside functions too: a lazy import is still a dependency (the
 Gateway would import the trainer the first time the dashboard route ran). Run it as a script
@@ -40,6 +40,7 @@ LAYERS: dict[str, str] = {
     "torch_backend": "torch_backend",
     "verl": "verl",
     "demo": "demo",
+    "evaluation": "evaluation",
     "testing": "testing",
 }
 
@@ -54,6 +55,9 @@ ALLOWED: dict[str, set[str]] = {
     "torch_backend": {"base", "client", "rows", "trainer"},
     "verl": {"base", "client", "rows", "trainer"},
     "demo": {"base", "client", "rows", "server", "controller", "trainer", "torch_backend"},
+    # agl-eval: starts the services by command line (launch), reads the store (client), loads
+    # data and checkpoints (trainer), writes checkpoints out as model folders (torch_backend)
+    "evaluation": {"base", "client", "rows", "trainer", "torch_backend"},
     # test doubles (fake and scripted model servers) for the tests and the benches: HTTP only
     "testing": {"base", "client", "rows"},
 }

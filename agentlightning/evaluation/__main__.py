@@ -1,0 +1,3 @@
+from agentlightning.evaluation.cli import main
+
+main()
