@@ -4,7 +4,7 @@ A policy is given as `NAME=SOURCE` (or `SOURCE`, named after it), SOURCE one of:
 
 * a checkpoint of ours: a `global_step_N` folder of a training run (full fine-tuning or LoRA;
   the base model is the run's `actor_rollout_ref.model.path`, read from the checkpoint), or a
-  run's checkpoints folder (its latest complete checkpoint);
+  run's checkpoints folder (the best checkpoint it kept, else its latest complete one);
 * a Hugging Face model folder (`config.json`);
 * a built-in model by name (`demo`: the demo's tiny model, random init);
 * an OpenAI-compatible endpoint, `http(s)://host:port/v1` (e.g. a vLLM server you run): it
@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import httpx
 
-from agentlightning.trainer.checkpoint import LATEST_FILE, LOOP_STATE_FILE, latest_checkpoint
+from agentlightning.trainer.checkpoint import LATEST_FILE, LOOP_STATE_FILE, best_checkpoint, latest_checkpoint
 
 POLICY_STATE_FILE = "policy_state.pt"  # torch_backend.checkpoint's (not imported: it imports torch)
 BUILTIN = ("demo",)  # torch_backend.models.BUILTIN_MODELS's names
@@ -91,10 +91,11 @@ def _classify(spec: str, source: str) -> tuple[Kind, str]:
         raise PolicyError(f"policy {spec!r}: {source} is a file, not a checkpoint or model folder")
     path = path.resolve()
     if (path / LATEST_FILE).exists() or (not (path / LOOP_STATE_FILE).exists() and latest_checkpoint(path)):
-        latest = latest_checkpoint(path)
-        if latest is None:
+        # A run's folder: the checkpoint it kept as its best (trainer.keep_best), else its latest.
+        kept = best_checkpoint(path) or latest_checkpoint(path)
+        if kept is None:
             raise PolicyError(f"policy {spec!r}: {source} holds no complete checkpoint (global_step_N/)")
-        path = latest
+        path = kept
     if (path / LOOP_STATE_FILE).is_file():
         check_checkpoint(spec, path)
         return "checkpoint", str(path)

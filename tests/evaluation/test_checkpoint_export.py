@@ -12,6 +12,7 @@ import torch
 from agentlightning.evaluation.policies import PolicyError, export_checkpoint, parse_policy
 from agentlightning.torch_backend.lora import adapter_state, apply_lora, lora_settings
 from agentlightning.torch_backend.models import load_model
+from agentlightning.trainer.checkpoint import mark_best_checkpoint
 
 CPU = torch.device("cpu")
 
@@ -38,6 +39,9 @@ def test_full_checkpoint(tmp_path: Path) -> None:
             p.add_(0.01 * torch.randn_like(p))  # "trained": not the base any more
     folder = checkpoint(tmp_path / "run" / "global_step_5", policy.state_dict())
     assert parse_policy(f"ck={tmp_path / 'run'}").source == str(folder)  # a run's folder: its latest
+    best = checkpoint(tmp_path / "run" / "global_step_2", policy.state_dict())
+    mark_best_checkpoint(tmp_path / "run", 2)
+    assert parse_policy(f"ck={tmp_path / 'run'}").source == str(best)  # ... or the best it kept
     exported, _ = load_model(str(export_checkpoint(str(folder), tmp_path / "out")), CPU, torch.float32)
     torch.testing.assert_close(logits(exported), logits(policy))
 
