@@ -33,6 +33,7 @@ SMOKES = {
     "upstream_clients": (sys.executable, r"8 +10ms +aiohttp +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +0\n"),
     "record": (sys.executable, r"long agent's call .* after/before [\d.]+"),
     "vllm_mismatch": (sys.executable, r"\| float32 \| \d+ / \d+ \| \d\.\d\de[-+]\d+ / "),
+    "engines": (sys.executable, r"\| demo \| tok_s@4 \| [\d.]+ \|"),
     "lora_publish": (sys.executable, r"demo +torch +[\d.]+ +[\d.]+ +[\d.]+x +0\.63 +0\.070 +9\.1x"),
 }
 
