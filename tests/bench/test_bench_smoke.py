@@ -34,6 +34,7 @@ SMOKES = {
     "record": (sys.executable, r"long agent's call .* after/before [\d.]+"),
     "vllm_mismatch": (sys.executable, r"\| float32 \| \d+ / \d+ \| \d\.\d\de[-+]\d+ / "),
     "engines": (sys.executable, r"\| demo \| tok_s@4 \| [\d.]+ \|"),
+    "demo_feasibility": (sys.executable, r'\{"summary": \{"seed": 0, "warmup_s": [\d.]+, .*"steps": 2, '),
     "lora_publish": (sys.executable, r"demo +torch +[\d.]+ +[\d.]+ +[\d.]+x +0\.63 +0\.070 +9\.1x"),
 }
 
