@@ -1,10 +1,10 @@
 """Can GRPO on the demo's tiny model and task raise validation reward by >= 0.3 in 10 minutes?
 
 An in-process rehearsal of the demo's training loop, without the Gateway, Controller or agent
-processes: the real demo agent (`agentlightning.demo.agent.solve`, official `openai` client)
-talks to the real inference server app (`build_app` over `EngineBackend`, served in this
-process's event loop on a local port);
-a small recording transport plays the Gateway proxy's part (it sets the temperature,
+processes: the real demo agent (`agentlightning.demo.agent.solve`, official `openai` client,
+over httpx2, the SDK's HTTP client) talks to the real inference server app (`build_app` over
+`EngineBackend`, served in this process's event loop on a local port); a small recording
+transport plays the Gateway proxy's part (it sets the temperature,
 `return_token_ids` and `logprobs`, and records every answer). Rollouts are merged into rows
 by exact token-prefix (trajectory aggregation), given GRPO advantages and per-rollout loss
 weights, and fed to `PolicyUpdater`; new weights are published to the engine after each step.
@@ -31,7 +31,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import httpx2  # the OpenAI SDK's HTTP client (its http_client must be one)
 import torch
 from aiohttp import web
 
@@ -53,18 +53,18 @@ warnings.filterwarnings("ignore")
 
 
 @dataclass
-class Recorder(httpx.AsyncBaseTransport):
+class Recorder(httpx2.AsyncBaseTransport):
     """The proxy's part: rewrite the body like the Gateway does and record each answer."""
 
-    inner: httpx.AsyncBaseTransport
+    inner: httpx2.AsyncBaseTransport
     temperature: float = 1.0
     calls: dict[str, list[Call]] = field(default_factory=lambda: defaultdict(list))
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         body = json.loads(request.content)
         body.update(temperature=self.temperature, return_token_ids=True, logprobs=True)
         rollout = request.headers.get("x-rollout", "")
-        fwd = httpx.Request(request.method, request.url, json=body)
+        fwd = httpx2.Request(request.method, request.url, json=body)
         response = await self.inner.handle_async_request(fwd)
         raw = await response.aread()
         data = json.loads(raw)
@@ -74,7 +74,7 @@ class Recorder(httpx.AsyncBaseTransport):
             self.calls[rollout].append(
                 Call(data["prompt_token_ids"], choice["token_ids"], lps if lps else None, 0)
             )
-        return httpx.Response(response.status_code, headers=response.headers, content=raw)
+        return httpx2.Response(response.status_code, headers=response.headers, content=raw)
 
 
 def diagnose(problem: dict[str, Any], calls: list[Call], tokenizer: Any) -> str:
@@ -117,13 +117,13 @@ class Harness:
     async def _collect(
         self, port: int, problems: list[dict[str, Any]], n: int, temperature: float, tag: str
     ) -> Any:
-        recorder = Recorder(httpx.AsyncHTTPTransport(), temperature)
+        recorder = Recorder(httpx2.AsyncHTTPTransport(), temperature)
         from openai import AsyncOpenAI
 
         client = AsyncOpenAI(
             base_url=f"http://127.0.0.1:{port}/v1",
             api_key="x",
-            http_client=httpx.AsyncClient(transport=recorder, timeout=600),
+            http_client=httpx2.AsyncClient(transport=recorder, timeout=600),
             max_retries=0,
         )
         results: dict[str, tuple[str, float]] = {}

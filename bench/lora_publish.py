@@ -94,10 +94,17 @@ def bench_torch(model: Any, tokenizer: Any, reps: int) -> dict[str, tuple[float,
     engine = TorchEngine(copy.deepcopy(model), tokenizer)
     try:
         full = model.state_dict()
-        full_s = median_seconds(lambda i: (nudge(model, i), engine.publish(model)), reps)
-        adapter_s = median_seconds(
-            lambda i: (nudge(model, i), engine.publish(adapter_state(model), partial=True)), reps
-        )
+
+        def full_publish(i: int) -> None:
+            nudge(model, i)
+            engine.publish(model)
+
+        def adapter_publish(i: int) -> None:
+            nudge(model, i)
+            engine.publish(adapter_state(model), partial=True)
+
+        full_s = median_seconds(full_publish, reps)
+        adapter_s = median_seconds(adapter_publish, reps)
         return {"full": (full_s, tensor_bytes(full)), "lora": (adapter_s, tensor_bytes(adapter_state(model)))}
     finally:
         engine.close()
