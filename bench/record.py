@@ -146,8 +146,13 @@ def main() -> int:
             base = Path(tmp) / "baseline"
             base.mkdir()
             archive = subprocess.run(
-                ["git", "-C", str(ROOT), "archive", args.baseline_ref], check=True, capture_output=True
+                ["git", "-C", str(ROOT), "archive", args.baseline_ref], capture_output=True
             )
+            if archive.returncode != 0:  # e.g. a shallow clone without the baseline commit
+                sys.exit(
+                    f"cannot unpack the baseline {args.baseline_ref!r} with git archive "
+                    f"({archive.stderr.decode().strip()}): fetch the history or pass --baseline-tree DIR"
+                )
             subprocess.run(["tar", "-x", "-C", str(base)], input=archive.stdout, check=True)
         best: dict[str, dict[str, float]] = {"before": {}, "after": {}}
         for _ in range(args.repeat):
