@@ -29,6 +29,13 @@ SMOKES = {
     "retrieval_latency": (str(EXAMPLES_PYTHON), r"ratio service / in-process \(p50\): [\d.]+"),
     "merge_report": (sys.executable, r"\| gsm8k: plain `openai` client tool loop \| \d\.\d\d \|"),
     "learning": (sys.executable, r"\| grpo \| 1 \| \d\.\d{3} \| \d\.\d{3} \| \d\.\d{3} \| \d+\.\d \| \d+ \|"),
+    "metrics_hot_path": (sys.executable, r"ratio: [\d.]+x cheaper"),
+    "upstream_clients": (sys.executable, r"8 +10ms +aiohttp +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +0\n"),
+    "record": (sys.executable, r"long agent's call .* after/before [\d.]+"),
+    "vllm_mismatch": (sys.executable, r"\| float32 \| \d+ / \d+ \| \d\.\d\de[-+]\d+ / "),
+    "engines": (sys.executable, r"\| demo \| tok_s@4 \| [\d.]+ \|"),
+    "demo_feasibility": (sys.executable, r'\{"summary": \{"seed": 0, "warmup_s": [\d.]+, .*"steps": 2, '),
+    "lora_publish": (sys.executable, r"demo +torch +[\d.]+ +[\d.]+ +[\d.]+x +0\.63 +0\.070 +9\.1x"),
 }
 
 
