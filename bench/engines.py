@@ -35,34 +35,11 @@ from typing import Any
 import httpx
 import torch
 
-from agentlightning.demo.model import TinyModelConfig, build_model, build_tokenizer, save_tiny
+from agentlightning.demo.model import build_model, build_tokenizer, save_tiny
 from agentlightning.procs import ManagedProcess, free_port
 from agentlightning.torch_backend.engine import TorchEngine
 from agentlightning.torch_backend.vllm_server import VLLMServer, VLLMServerConfig, save_weights
-
-SIZES = {
-    "demo": TinyModelConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-    ),
-    "mid": TinyModelConfig(
-        hidden_size=512,
-        intermediate_size=1536,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-    ),
-    "wide": TinyModelConfig(
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=8,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-    ),
-}
+from bench.model_sizes import size as model_size
 
 
 def tree_rss_mb(pid: int) -> float:
@@ -139,9 +116,7 @@ def measure_server(
 
 def run_size(size: str, args: argparse.Namespace, root: Path) -> dict[str, dict[str, Any]]:
     tokenizer = build_tokenizer()
-    config = SIZES[size]
-    config.tie_word_embeddings = False
-    model = build_model(config, seed=0, tokenizer=tokenizer)
+    model = build_model(model_size(size), seed=0, tokenizer=tokenizer)
     n_params = sum(p.numel() for p in model.parameters())
     model_dir = save_tiny(root / size / "model", model, tokenizer)
     print(f"{size}: {n_params / 1e6:.2f}M parameters", flush=True)

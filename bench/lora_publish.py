@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from agentlightning.demo.model import TinyModelConfig, build_model, build_tokenizer
+from agentlightning.demo.model import build_model, build_tokenizer
 from agentlightning.log import configure_logging
 from agentlightning.torch_backend.engine import TorchEngine
 from agentlightning.torch_backend.lora import (
@@ -45,25 +45,8 @@ from agentlightning.torch_backend.lora import (
     save_adapter,
 )
 from agentlightning.torch_backend.vllm_server import VLLMServerConfig, VLLMServers, save_state
-
-MODELS = {
-    "demo": TinyModelConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        tie_word_embeddings=False,
-    ),
-    "120m": TinyModelConfig(
-        hidden_size=768,
-        intermediate_size=3072,
-        num_hidden_layers=12,
-        num_attention_heads=12,
-        num_key_value_heads=12,
-        tie_word_embeddings=False,
-    ),
-}
+from bench.model_sizes import SIZES
+from bench.model_sizes import size as model_size
 
 
 def tensor_bytes(state: dict[str, torch.Tensor]) -> int:
@@ -146,7 +129,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--models", default="demo,120m", help=f"comma-separated: {', '.join(MODELS)}")
+    parser.add_argument("--models", default="demo,120m", help=f"comma-separated: {', '.join(SIZES)}")
     parser.add_argument("--engines", default="torch", help="comma-separated: torch, vllm")
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--reps", type=int, default=5)
@@ -163,7 +146,7 @@ def main() -> None:
     rows: list[tuple[str, str, str, float, int]] = []
     with tempfile.TemporaryDirectory(prefix="agl-lora-bench-") as tmp:
         for name in args.models.split(","):
-            model = build_model(MODELS[name], seed=0, tokenizer=tokenizer)
+            model = build_model(model_size(name), seed=0, tokenizer=tokenizer)
             n_params = sum(p.numel() for p in model.parameters())
             peft_model = apply_lora(model, lora_settings(args.rank, 2 * args.rank, "all-linear"))
             n_adapter = sum(t.numel() for t in adapter_state(model).values())

@@ -31,27 +31,12 @@ from typing import Any
 import httpx
 import torch
 
-from agentlightning.demo.model import TinyModelConfig, build_model, build_tokenizer, save_tiny
+from agentlightning.demo.model import build_model, build_tokenizer, save_tiny
 from agentlightning.torch_backend.engine import SamplingParams, TorchEngine
 from agentlightning.torch_backend.mismatch import mismatch, policy_log_probs
 from agentlightning.torch_backend.vllm_server import VLLMServer, VLLMServerConfig, save_weights
-
-MODELS = {
-    "demo": TinyModelConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-    ),
-    "wide": TinyModelConfig(
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=8,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-    ),
-}
+from bench.model_sizes import SIZES
+from bench.model_sizes import size as model_size
 
 
 def prompts(n: int, seed: int) -> list[list[dict[str, str]]]:
@@ -115,7 +100,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", choices=sorted(MODELS), default="demo")
+    parser.add_argument("--model", choices=sorted(SIZES), default="demo")
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--dtypes", default="float32,bfloat16", help="vLLM's serving dtypes")
@@ -126,9 +111,7 @@ def main() -> None:
         args.engine, args.model, args.prompts, args.max_tokens = "torch", "demo", 2, 8
     torch.set_num_threads(1)
     tokenizer = build_tokenizer()
-    config = copy.deepcopy(MODELS[args.model])
-    config.tie_word_embeddings = False
-    policy = build_model(config, seed=0, tokenizer=tokenizer)
+    policy = build_model(model_size(args.model), seed=0, tokenizer=tokenizer)
     # Random weights give near-uniform answers; scale the output head up so that the model is
     # confident, as a trained one is (the mismatch of a flat distribution says little).
     with torch.no_grad():

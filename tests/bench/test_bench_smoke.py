@@ -49,7 +49,13 @@ def _missing(name: str) -> str | None:
 
 def test_every_bench_script_is_smoke_tested_or_a_helper() -> None:
     """A new bench script gets a smoke run here (or is a helper another script runs)."""
-    helpers = {"controller_agents", "controller_openai_agent", "restarts_agent", "restarts_trainer"}
+    helpers = {
+        "controller_agents",
+        "controller_openai_agent",
+        "restarts_agent",
+        "restarts_trainer",
+        "model_sizes",
+    }
     reliability = {"soak", "restarts"}  # tests/bench/test_reliability_benches.py
     scripts = {p.stem for p in (REPO / "bench").glob("*.py") if p.stem != "__init__"}
     assert scripts == set(SMOKES) | helpers | reliability
