@@ -98,12 +98,14 @@ def run_demo(out: Path, name: str, seed: int, args: argparse.Namespace) -> Path:
 
 
 def summary(run_dir: Path) -> dict[str, float]:
-    """Validation before, final, best, and the step the best was first reached."""
+    """Validation before, at the first validation after training began, final, best, and the
+    step the best was first reached."""
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     curve = [(int(r["step"]), float(r["val/reward"])) for r in records if "val/reward" in r]
     best = max(value for _, value in curve)
     return {
         "before": curve[0][1],
+        "first": curve[1][1] if len(curve) > 1 else curve[0][1],
         "final": curve[-1][1],
         "best": best,
         "best_step": float(next(step for step, value in curve if value == best)),
@@ -117,17 +119,17 @@ def mean_sd(values: list[float], digits: int = 3) -> str:
     return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
-def report(out: Path, configs: list[str], seeds: list[int]) -> None:
+def report(out: Path, configs: list[str], seeds: list[int], test_freq: int) -> None:
     print(
-        "| config | seeds | before | final | best | step of best | wall s / run |\n"
-        "|---|---|---|---|---|---|---|"
+        f"| config | seeds | before | step {test_freq} | final | best | step of best | wall s / run |\n"
+        "|---|---|---|---|---|---|---|---|"
     )
     for name in configs:
         runs = [out / name / f"seed{seed}" for seed in seeds]
         rows = [summary(r) for r in runs if (r / "bench_done.json").is_file()]
         if not rows:
             continue
-        cells = [mean_sd([row[key] for row in rows]) for key in ("before", "final", "best")]
+        cells = [mean_sd([row[key] for row in rows]) for key in ("before", "first", "final", "best")]
         step = mean_sd([row["best_step"] for row in rows], 1)
         wall = mean_sd([row["wall_s"] for row in rows], 0)
         print(f"| {name} | {len(rows)} | {' | '.join(cells)} | {step} | {wall} |")
@@ -159,7 +161,7 @@ def main() -> None:
             for seed in seeds:
                 for name in configs:
                     run_demo(args.out, name, seed, args)
-        report(args.out, configs, seeds)
+        report(args.out, configs, seeds, args.test_freq)
     finally:
         if args.smoke:
             shutil.rmtree(args.out, ignore_errors=True)

@@ -28,7 +28,10 @@ SMOKES = {
     "replicas": (sys.executable, r"postgres x1 +\d+ +\d\.\d\d"),
     "retrieval_latency": (str(EXAMPLES_PYTHON), r"ratio service / in-process \(p50\): [\d.]+"),
     "merge_report": (sys.executable, r"\| gsm8k: plain `openai` client tool loop \| \d\.\d\d \|"),
-    "learning": (sys.executable, r"\| grpo \| 1 \| \d\.\d{3} \| \d\.\d{3} \| \d\.\d{3} \| \d+\.\d \| \d+ \|"),
+    "learning": (
+        sys.executable,
+        r"\| grpo \| 1 \| \d\.\d{3} \| \d\.\d{3} \| \d\.\d{3} \| \d\.\d{3} \| \d+\.\d \| \d+ \|",
+    ),
     "metrics_hot_path": (sys.executable, r"ratio: [\d.]+x cheaper"),
     "upstream_clients": (sys.executable, r"8 +10ms +aiohttp +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +0\n"),
     "record": (sys.executable, r"long agent's call .* after/before [\d.]+"),
