@@ -82,17 +82,14 @@ STREAM_HEADERS = [
 ]
 
 
-class StreamAnswer(Response):
-    """Passes the upstream's server-sent events to the agent as they arrive, assembles them,
-    and records the call before the stream's last event (`data: [DONE]`) goes out.
-
-    If the agent leaves mid-stream the upstream call is closed (vLLM then aborts the request)
-    and what arrived so far is recorded, marked incomplete.
-    """
+class UpstreamStream(Response):
+    """An upstream event stream turned into the agent's, recorded before its last event: the
+    agent leaving closes the upstream call (vLLM then aborts the request); `_pump` forwards the
+    events, records the call and returns the last bytes to send."""
 
     def __init__(
         self,
-        forwarded: Forwarded,
+        upstream: aiohttp.ClientResponse | None,
         record: CallRecord,
         store: Store,
         started: float,
@@ -101,9 +98,8 @@ class StreamAnswer(Response):
         on_rollout_gone: Callable[[], None],
     ) -> None:
         super().__init__(status_code=200)
-        assert forwarded.stream is not None
-        self.upstream: aiohttp.ClientResponse = forwarded.stream
-        self.forwarded = forwarded
+        assert upstream is not None
+        self.upstream: aiohttp.ClientResponse = upstream
         self.record = record
         self.store = store
         self.started = started
@@ -135,6 +131,31 @@ class StreamAnswer(Response):
             watcher.cancel()
             self.upstream.close()
             self.done()
+
+    async def _pump(self, send: Send) -> bytes:
+        raise NotImplementedError
+
+
+class StreamAnswer(UpstreamStream):
+    """Passes the upstream's server-sent events to the agent as they arrive, assembles them,
+    and records the call before the stream's last event (`data: [DONE]`) goes out.
+
+    If the agent leaves mid-stream the upstream call is closed (vLLM then aborts the request)
+    and what arrived so far is recorded, marked incomplete.
+    """
+
+    def __init__(
+        self,
+        forwarded: Forwarded,
+        record: CallRecord,
+        store: Store,
+        started: float,
+        pass_usage: bool,
+        done: Callable[[], None],
+        on_rollout_gone: Callable[[], None],
+    ) -> None:
+        super().__init__(forwarded.stream, record, store, started, pass_usage, done, on_rollout_gone)
+        self.forwarded = forwarded
 
     async def _pump(self, send: Send) -> bytes:
         """Forward events until the upstream ends; record the call. Returns the last bytes to send."""

@@ -12,20 +12,18 @@ streams from the finished answer (their encoders take a whole answer).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import orjson
-from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Send
 
 from agentlightning.log import get_logger
 from agentlightning.schemas import Model
 from agentlightning.server.proxy.capture import CallRecord
-from agentlightning.server.proxy.responses import STREAM_HEADERS, error_event
+from agentlightning.server.proxy.responses import UpstreamStream, error_event
 from agentlightning.server.proxy.sse import DONE, EventSplitter, event_data
 from agentlightning.server.proxy.token_exact import (
     GENERATE,
@@ -41,7 +39,7 @@ from agentlightning.server.store import RolloutNotFound, Store
 log = get_logger("proxy")
 
 
-class TokenStreamAnswer(Response):
+class TokenStreamAnswer(UpstreamStream):
     """The agent's chat stream, chunk by chunk as generate's events arrive. If the agent leaves
     mid-stream, generate's stream is closed (vLLM then aborts the request) and the call is
     recorded as incomplete, with the tokens generated so far."""
@@ -59,43 +57,10 @@ class TokenStreamAnswer(Response):
         done: Callable[[], None],
         on_rollout_gone: Callable[[], None],
     ) -> None:
-        super().__init__(status_code=200)
-        assert generate.stream is not None
-        self.upstream: aiohttp.ClientResponse = generate.stream
+        super().__init__(generate.stream, record, store, started, pass_usage, done, on_rollout_gone)
         self.tokens = tokens
         self.model = model
         self.prepared = prepared
-        self.record = record
-        self.store = store
-        self.started = started
-        self.pass_usage = pass_usage
-        self.done = done
-        self.on_rollout_gone = on_rollout_gone
-        self.agent_gone = False
-
-    async def _watch(self, receive: Receive) -> None:
-        while True:
-            try:
-                message = await receive()
-            except OSError:
-                message = {"type": "http.disconnect"}
-            if message["type"] == "http.disconnect":
-                self.agent_gone = True
-                self.upstream.close()
-                return
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        watcher = asyncio.create_task(self._watch(receive))
-        try:
-            await send({"type": "http.response.start", "status": 200, "headers": STREAM_HEADERS})
-            tail = await self._pump(send)
-            watcher.cancel()
-            if not self.agent_gone:
-                await send({"type": "http.response.body", "body": tail, "more_body": False})
-        finally:
-            watcher.cancel()
-            self.upstream.close()
-            self.done()
 
     async def _pump(self, send: Send) -> bytes:
         """Send the chunks until generation ends; record the call. Returns the last bytes to send."""
