@@ -218,6 +218,9 @@ def _correction(config: ActorConfig, correction: RolloutCorrection | None) -> Ro
 _MAX_STATS = ("ratio_max", "sampler_trainer_is_max")  # aggregated by max, the others by mean
 
 
+_NORM_SLICE = 1 << 22  # elements per float64 slice in `param_norm` (32 MiB)
+
+
 class PolicyUpdater:
     """Owns the trainable policy (and its AdamW state) and applies GRPO/PPO updates to it."""
 
@@ -439,10 +442,13 @@ class PolicyUpdater:
 
     @torch.no_grad()
     def param_norm(self) -> float:
-        """The L2 norm of the trainable weights (float64 sums: a small step must show)."""
-        total = sum(
-            float(p.detach().double().pow(2).sum()) for p in self.model.parameters() if p.requires_grad
-        )
+        """The L2 norm of the trainable weights, summed in float64 (a small step must show) a
+        slice at a time: a large embedding never gets a float64 copy of its own."""
+        total = 0.0
+        for p in self.model.parameters():
+            if p.requires_grad:
+                for part in p.detach().reshape(-1).split(_NORM_SLICE):
+                    total += float(part.double().pow(2).sum())
         return math.sqrt(total)
 
     def backward(
