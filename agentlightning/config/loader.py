@@ -31,13 +31,16 @@ Keys use dots for nesting (store.url=memory://). Defaults:
 {defaults}"""
 
 
-def load_cli_config(config_name: str, argv: Sequence[str], prog: str, strict: bool = True) -> DictConfig:
+def load_cli_config(
+    config_name: str, argv: Sequence[str], prog: str, strict: bool = True, free_maps: Sequence[str] = ()
+) -> DictConfig:
     """Compose `agentlightning/config/{config_name}.yaml` with a user file and overrides.
 
     `strict`: a key the packaged file does not have is an error. Without it, new keys are
     accepted (the training config: one file may carry keys only the verl backend reads; each
-    backend checks its own sections). Prints usage and exits on -h/--help; exits 2 with a
-    message on a bad argument.
+    backend checks its own sections). `free_maps`: mappings whose keys are the user's (an agent's
+    environment variables): one given by the user replaces the default instead of merging into it.
+    Prints usage and exits on -h/--help; exits 2 with a message on a bad argument.
     """
     if "-h" in argv or "--help" in argv:
         print(USAGE.format(prog=prog, defaults=OmegaConf.to_yaml(_compose(config_name, []))))
@@ -45,9 +48,14 @@ def load_cli_config(config_name: str, argv: Sequence[str], prog: str, strict: bo
     user_file, overrides = config_args(argv, prog)
     try:
         base = _compose(config_name, [])
-        OmegaConf.set_struct(base, strict)
         user = [OmegaConf.load(user_file)] if user_file is not None else []
-        return merge(base, *user, OmegaConf.from_dotlist(overrides))
+        user.append(OmegaConf.from_dotlist(overrides))
+        for key in free_maps:
+            if any(OmegaConf.select(layer, key) is not None for layer in user):
+                OmegaConf.update(base, key, {}, merge=False)
+            OmegaConf.set_struct(OmegaConf.select(base, key), False)
+        OmegaConf.set_struct(base, strict)
+        return merge(base, *user)
     except (OmegaConfBaseException, ValueError) as exc:
         fail(prog, f"bad config: {exc}")
 

@@ -103,6 +103,12 @@ class Settings:
             )
         if not cfg.agent.agent_class:
             raise EvalError("agent.agent_class is not set: the agent the Controller runs")
+        if cfg.agent.python and not os.access(str(cfg.agent.python), os.X_OK):
+            raise EvalError(
+                f"agent.python: {cfg.agent.python} is not an executable (the agents' interpreter)"
+            )
+        if cfg.agent.cwd and not Path(str(cfg.agent.cwd)).is_dir():
+            raise EvalError(f"agent.cwd: {cfg.agent.cwd} is not a folder (where the agents start)")
         self.output_dir = Path(str(cfg.output_dir)).resolve()
         self.data_hash = hashlib.sha256(orjson.dumps(self.tasks, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
@@ -115,6 +121,14 @@ class Settings:
             "engine": str(self.cfg.engine) if policy.kind != "endpoint" else "endpoint",
             "seed": int(self.cfg.seed),
         }
+
+
+def runner_overrides(agent: DictConfig) -> list[str]:
+    """The Controller's settings for the agents' interpreter and folder (`agent.python`, `agent.cwd`)."""
+    keys = {"local_runner.python": agent.python, "local_runner.cwd": agent.cwd}
+    # absolute, not resolved: a venv's python is a link to the base interpreter, and its venv is
+    # found from the path it was started by
+    return [f"{key}={Path(str(value)).absolute()}" for key, value in keys.items() if value]
 
 
 def _int(value: Any, key: str, minimum: int) -> int:
@@ -346,6 +360,7 @@ class Evaluation:
             self.controller = self._track(
                 start_controller(
                     url,
+                    *runner_overrides(self.cfg.agent),
                     runner_type="local",
                     key=self.key,
                     max_agents=int(self.cfg.agents_at_once),
@@ -429,7 +444,7 @@ class Evaluation:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    cfg = load_cli_config("eval", args, prog=PROG)
+    cfg = load_cli_config("eval", args, prog=PROG, free_maps=["agent.env_map"])
     try:
         settings = Settings(cfg)
         for policy in settings.policies:

@@ -4,12 +4,13 @@ and no report (nor even the eval's folder) left behind."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
 from agentlightning.demo.task import make_dataset
-from agentlightning.evaluation.cli import main
+from agentlightning.evaluation.cli import main, runner_overrides
 from agentlightning.procs import free_port
 
 
@@ -89,3 +90,48 @@ def test_k_above_n(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str
 def test_no_policy_and_a_misspelt_key(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "policies=[...] is empty" in fails(capsys, tmp_path, f"data={data}")
     assert "temprature" in fails(capsys, tmp_path, f"data={data}", "policies=[demo]", "temprature=1")
+
+
+def test_an_agent_interpreter_or_folder_that_is_not_there(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = fails(
+        capsys, tmp_path, f"data={data}", "policies=[demo]", f"agent.python={tmp_path / 'nope/python'}"
+    )
+    assert "agent.python" in err and "is not an executable" in err
+    err = fails(capsys, tmp_path, f"data={data}", "policies=[demo]", f"agent.cwd={tmp_path / 'nowhere'}")
+    assert "agent.cwd" in err and "is not a folder" in err
+
+
+def test_the_agents_interpreter_and_folder_reach_the_controller(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(sys.executable)  # as a venv's interpreter is
+    agent = OmegaConf.create({"python": str(venv / "python"), "cwd": str(tmp_path)})
+    # the link itself, not where it points: its venv is found from the path it was started by
+    assert runner_overrides(agent) == [
+        f"local_runner.python={venv / 'python'}",
+        f"local_runner.cwd={tmp_path}",
+    ]
+    assert runner_overrides(OmegaConf.create({"python": None, "cwd": None})) == []
+
+
+def test_an_agents_env_map_replaces_the_demos(tmp_path: Path) -> None:
+    from agentlightning.config.loader import load_cli_config
+
+    def env_map(*args: str) -> dict[str, str]:
+        cfg = load_cli_config("eval", list(args), prog="agl-eval", free_maps=["agent.env_map"])
+        return dict(cfg.agent.env_map)
+
+    assert env_map() == {"QUESTION": "input.question", "ANSWER": "input.answer"}  # the demo agent's
+    assert env_map("agent.env_map={TASK_ID: input.task_id}") == {"TASK_ID": "input.task_id"}
+    config = tmp_path / "eval.yaml"
+    config.write_text("agent:\n  env_map: {TASK_ID: input.task_id}\n")
+    assert env_map("--config", str(config), "agent.env_map.REPO=input.repo") == {
+        "TASK_ID": "input.task_id",
+        "REPO": "input.repo",
+    }
+    with pytest.raises(SystemExit):  # the rest of the config stays strict
+        env_map("agent.envmap.X=input.x")
