@@ -48,6 +48,7 @@ from agentlightning.torch_backend.losses import (
     rollout_correction_weights,
     token_policy_loss,
 )
+from agentlightning.trainer.config import KL_LOSS_TYPES
 
 log = get_logger("torch_policy")
 
@@ -129,9 +130,9 @@ class ActorConfig:
             raise ValueError(
                 f"actor.old_log_prob_source must be 'rollout' or 'recompute', got {self.old_log_prob_source!r}"
             )
-        if self.kl_loss_type not in ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"):
+        if self.kl_loss_type not in KL_LOSS_TYPES:
             raise ValueError(
-                f"actor.kl_loss_type {self.kl_loss_type!r} is not one of kl, abs, mse, low_var_kl"
+                f"actor.kl_loss_type {self.kl_loss_type!r} is not one of {', '.join(KL_LOSS_TYPES)}"
             )
         if self.temperature <= 0:
             raise ValueError(

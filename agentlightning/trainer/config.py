@@ -449,6 +449,8 @@ VERL_KEYS: dict[str, tuple[str, Any]] = {
 FIXED_VERL_KEYS: dict[str, Any] = {
     "algorithm.filter_groups.metric": ("acc", "score", "seq_reward", "seq_final_reward", None),
 }
+# `actor_rollout_ref.actor.kl_loss_type`: verl's `kl_penalty` estimators, on both backends.
+KL_LOSS_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 
 
 def _plain(cfg: DictConfig | Mapping[str, Any] | None) -> DictConfig:

@@ -11,6 +11,9 @@ The loss weights ride in `rollout_is_weights` because verl 0.9.1's `ppo_loss` ha
 loss only `response_mask`, `old_log_probs`, `advantages`, `rollout_is_weights` (and reads
 `ref_log_prob`): any other key is dropped before the loss. The registered `per_rollout_mean`
 loss (`loss.py`) sums `weight · token_loss`, which is exactly the core's per-rollout mean.
+`loss_weights` holds the same weights once more, for the KL term (`loss.per_rollout_ppo_loss`
+reads it off the whole micro-batch): `rollout_is_weights` may also carry the truncated importance
+ratio, which weighs the policy term only.
 
 verl hands each data-parallel rank a contiguous, equal slice of the batch. `rank_layout`
 spreads the rows over the ranks by tokens (longest first onto the least-loaded rank) and fills
@@ -38,6 +41,8 @@ import torch
 from verl import DataProto
 
 from agentlightning.rows import TrainingRow
+
+LOSS_WEIGHTS = "loss_weights"  # the per-token loss weights, untouched by the importance ratio
 
 PADDING_ROLLOUT_ID = ""  # rollout_id of a padding row in the batch's non-tensor `rollout_id`
 ROUTES_DTYPE = torch.int16  # as verl's agent loop (expert indices beyond uint8's 255 exist)
@@ -216,6 +221,7 @@ def rows_to_batch(
         "old_log_probs": old_log_probs,
         "advantages": advantages,
         "rollout_is_weights": weights,
+        LOSS_WEIGHTS: weights.clone(),
     }
     if have_lp:
         tensors["rollout_log_probs"] = old_log_probs.clone()

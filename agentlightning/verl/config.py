@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from agentlightning.config.loader import merge
 from agentlightning.log import get_logger
 from agentlightning.trainer.config import (
+    KL_LOSS_TYPES,
     ConfigError,
     TrainingConfig,
     did_you_mean,
@@ -222,10 +223,11 @@ def _check_loss(cfg: DictConfig) -> None:
             f"{actor}.tis_imp_ratio_cap with old_log_prob_source=recompute, or the torch backend"
         )
     if OmegaConf.select(cfg, f"{actor}.use_kl_loss"):
-        raise ConfigError(
-            f"{actor}.use_kl_loss=true is not supported by the verl backend yet: verl's ppo_loss adds the "
-            "KL term without the per-rollout weights (use the torch backend, or use_kl_loss=false)"
-        )
+        kind = OmegaConf.select(cfg, f"{actor}.kl_loss_type")
+        if kind not in KL_LOSS_TYPES:
+            raise ConfigError(
+                f"{actor}.kl_loss_type must be one of {', '.join(KL_LOSS_TYPES)} (verl's kl_penalty), got {kind!r}"
+            )
     if OmegaConf.select(cfg, f"{actor}.entropy_coeff"):
         raise ConfigError(
             f"{actor}.entropy_coeff != 0 is not supported by the verl backend yet: verl's ppo_loss adds the "

@@ -8,8 +8,9 @@ This is the one module that touches verl's trainer internals, through as few doo
   (`checkpoint_manager`); its `fit()` loop, datasets and reward managers are not used
   (`_create_dataloader` is replaced; verl's agent loop is replaced by `NoAgentLoops`, because
   our agents reach vLLM through the Gateway),
-* the worker group's `update_actor`, `compute_log_prob`, `save_checkpoint`, `load_checkpoint`
-  (`VerlActor`: the same calls work on one in-process `ActorRolloutRefWorker`),
+* the worker group's `update_actor`, `compute_log_prob`, `compute_ref_log_prob`,
+  `save_checkpoint`, `load_checkpoint`, and `set_loss_fn` where the KL term is on (`VerlActor`:
+  the same calls work on one in-process `ActorRolloutRefWorker`),
 * `llm_server_manager.get_addresses()`, `checkpoint_manager.sleep_replicas()` / `update_weights()`.
 
 Why the legacy builder and not the V1 trainer: docs/verl_backend.md.
@@ -21,7 +22,7 @@ runtime env's `worker_process_setup_hook` runs `agentlightning.verl.loss.registe
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import ray
@@ -29,6 +30,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from agentlightning.log import get_logger
+from agentlightning.verl.loss import actor_loss
 from agentlightning.verl.loss import register as register_loss
 
 log = get_logger("verl_engine")
@@ -116,6 +118,7 @@ class VerlActor:
 
     view: DictConfig
     actor: Any = None
+    ref: Any = None  # the reference model's worker group, with use_kl_loss
     tokenizer: Any = None
 
     @property
@@ -130,13 +133,22 @@ class VerlActor:
     def compute_log_probs(self, batch: Any) -> torch.Tensor:
         """The actor's log-probs of the batch's responses, padded like `response_mask`
         (`old_log_probs` for `recompute`); as verl's `RayPPOTrainer._compute_old_log_prob`."""
+        return self._log_probs(batch, lambda td: self.actor.compute_log_prob(td))
+
+    def compute_ref_log_probs(self, batch: Any) -> torch.Tensor:
+        """The reference model's log-probs of the batch's responses (`ref_log_prob` for the KL
+        term), padded like `response_mask`; as verl's `RayPPOTrainer._compute_ref_log_prob`."""
+        if self.ref is None:
+            raise RuntimeError("no reference model: actor_rollout_ref.actor.use_kl_loss is false")
+        return self._log_probs(batch, lambda td: self.ref.compute_ref_log_prob(td))
+
+    def _log_probs(self, batch: Any, compute: Callable[[Any], Any]) -> torch.Tensor:
         from verl.utils import tensordict_utils as tu
         from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
 
         td = left_right_2_no_padding(self._with_sampling_info(batch).to_tensordict())
         tu.assign_non_tensor(td, calculate_entropy=False, calculate_sum_pi_squared=False, compute_loss=False)
-        output = self.actor.compute_log_prob(td)
-        return no_padding_2_padding(tu.get(output, "log_probs"), td).float()
+        return no_padding_2_padding(tu.get(compute(td), "log_probs"), td).float()
 
     def update(self, batch: Any) -> dict[str, float]:
         """One optimizer step on one mini-batch (`rows_to_batch` order, rank-laid-out)."""
@@ -159,6 +171,16 @@ class VerlActor:
         )
         output = self.actor.update_actor(td)
         return _flatten_metrics(tu.get(output, "metrics"))
+
+    def use_kl_term(self, ref: Any, model: Any) -> None:
+        """`use_kl_loss`: `ref` computes the reference log-probs, and the actor's loss is ours, its
+        KL term weighted like the policy term (`loss.actor_loss`). `model` is verl's model config."""
+        from verl.utils.config import omega_conf_to_dataclass
+
+        self.ref = ref
+        config = omega_conf_to_dataclass(self.view.actor_rollout_ref.actor)
+        config.model_config = model  # as the worker's `init_model` builds its ActorConfig
+        self.actor.set_loss_fn(actor_loss(config))
 
     def _with_sampling_info(self, batch: Any) -> Any:
         """The rollout's temperature (verl's engine divides the logits by it) and multi-turn flag,
@@ -218,6 +240,8 @@ class VerlWorkers(VerlActor):
         )
         self.trainer.init_workers()  # ends with the replicas asleep
         self.actor = self.trainer.actor_rollout_wg
+        if self.view.actor_rollout_ref.actor.use_kl_loss:  # verl built the reference model
+            self.use_kl_term(self.trainer.ref_policy_wg, model)
         self.trainer.checkpoint_manager.update_weights(0)  # wake them with the actor's weights
         return self.addresses()
 

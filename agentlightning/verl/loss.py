@@ -13,16 +13,29 @@ is (gradients add up over micro-batches) and averages gradients over data-parall
 `token-sum` multiplies by `dp_size` to undo that average. So the gradient is the one of the
 formula above under any micro-batching and any data-parallel split.
 
+The KL term to the reference model (`use_kl_loss`) gets the same weights. verl's `ppo_loss` adds
+its KL term aggregated over `response_mask` alone, so the backend hands the actor
+`per_rollout_ppo_loss` instead (`set_loss_fn`, verl's own door for it): verl's `ppo_loss` with its
+KL term off, plus `kl_loss_coef · Σ loss_weights · kl_penalty(log_prob, ref_log_prob)` (× dp_size),
+with verl's `kl_penalty` and the batch's `ref_log_prob` from verl's reference worker. The torch
+backend's loss is the same sum (`torch_backend/policy.py`).
+
 Ray workers are separate processes: each must register the loss before verl looks it up.
 `register()` is idempotent and is the `worker_process_setup_hook` of the Ray runtime env.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 from verl.trainer.ppo import core_algos
+from verl.utils.metric import AggregationType, Metric
+from verl.workers.utils.losses import ppo_loss
+from verl.workers.utils.padding import no_padding_2_padding
+
+from agentlightning.verl.batch import LOSS_WEIGHTS
 
 PER_ROLLOUT_MEAN = "per_rollout_mean"
 LOSS_AGG_MODE = "token-sum"
@@ -95,6 +108,47 @@ def _weighted(verl_mode: str) -> Any:
 
     loss.__name__ = f"per_rollout_{verl_mode}_loss"
     return loss
+
+
+@dataclasses.dataclass(frozen=True)
+class KLTerm:
+    """`kl_loss_coef · KL(π ‖ π_ref)` per token, verl's `kl_penalty` estimator `kl_loss_type`."""
+
+    coef: float
+    kind: str
+
+
+def per_rollout_ppo_loss(
+    config: Any, model_output: Any, data: Any, dp_group: Any = None, kl: KLTerm | None = None
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """verl's `ppo_loss` (its own KL term off: `config.use_kl_loss` is false here), plus the KL term
+    weighted like the policy term: `kl.coef · Σ loss_weights · kl_penalty` (× dp_size)."""
+    loss, metrics = ppo_loss(config, model_output, data, dp_group)
+    if kl is None:
+        return loss, metrics
+    if "ref_log_prob" not in data or LOSS_WEIGHTS not in data:
+        raise ValueError(
+            f"the KL term needs the batch's ref_log_prob and {LOSS_WEIGHTS} (the verl backend sets both "
+            "when actor_rollout_ref.actor.use_kl_loss is true)"
+        )
+    log_prob = no_padding_2_padding(model_output["log_probs"], data)
+    padded = data.select("ref_log_prob", LOSS_WEIGHTS).to_padded_tensor()
+    kld = core_algos.kl_penalty(logprob=log_prob, ref_logprob=padded["ref_log_prob"], kl_penalty=kl.kind)
+    kl_loss = (kld * padded[LOSS_WEIGHTS]).sum() * data["dp_size"]
+    metrics["kl_loss"] = Metric(value=kl_loss, aggregation=AggregationType.SUM)
+    metrics["kl_coef"] = kl.coef
+    return loss + kl.coef * kl_loss, metrics
+
+
+def actor_loss(actor_config: Any) -> Any:
+    """The loss the backend sets on verl's actor: `per_rollout_ppo_loss` on `actor_config` with
+    verl's own KL term off and ours on where `use_kl_loss` asks for it."""
+    from functools import partial
+
+    if not actor_config.use_kl_loss:
+        return partial(per_rollout_ppo_loss, config=actor_config)
+    term = KLTerm(coef=float(actor_config.kl_loss_coef), kind=str(actor_config.kl_loss_type))
+    return partial(per_rollout_ppo_loss, config=dataclasses.replace(actor_config, use_kl_loss=False), kl=term)
 
 
 _REGISTERED: dict[str, Any] = {}

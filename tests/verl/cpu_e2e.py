@@ -78,6 +78,16 @@ def cpu_workers_class() -> type:
             self.tokenizer = AutoTokenizer.from_pretrained(str(self.view.actor_rollout_ref.model.path))
             self.actor = ActorRolloutRefWorker(config=self.view.actor_rollout_ref, role="actor")
             self.actor.init_model()
+            if self.view.actor_rollout_ref.actor.use_kl_loss:
+                # The reference model: verl's forward-only worker (role "ref") pins its CPU-offloaded
+                # parameters, which needs an accelerator; on CPU a second actor worker that never
+                # trains serves the same forward pass (`compute_log_prob`) from the same weights.
+                from verl.utils.config import omega_conf_to_dataclass
+
+                ref = ActorRolloutRefWorker(config=self.view.actor_rollout_ref, role="actor")
+                ref.init_model()
+                ref.compute_ref_log_prob = ref.compute_log_prob
+                self.use_kl_term(ref, omega_conf_to_dataclass(self.view.actor_rollout_ref.model))
 
         def export_weights(self, folder: Path) -> Path:
             """The actor's weights as verl's engine exports them for its weight sync, as safetensors."""

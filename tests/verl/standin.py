@@ -81,6 +81,10 @@ class StandInWorkers:
     def compute_log_probs(self, batch: Any) -> torch.Tensor:
         return torch.zeros_like(batch.batch["old_log_probs"])
 
+    def compute_ref_log_probs(self, batch: Any) -> torch.Tensor:
+        self._record("ref_log_probs")
+        return torch.zeros_like(batch.batch["old_log_probs"])
+
     def update(self, batch: Any) -> dict[str, float]:
         self._record("update", rows=len(batch), asleep=all(r.asleep for r in self.replicas))
         self.batches.append(batch)

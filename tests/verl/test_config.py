@@ -64,6 +64,15 @@ def test_a_torch_backend_config_drives_the_verl_backend_too() -> None:
     assert "host" not in view.actor_rollout_ref.rollout
 
 
+def test_the_kl_term_reaches_verl_with_its_reference_worker_set_up() -> None:
+    overrides = ["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.2"]
+    _, _, view = validate(compose_config(overrides=[MODEL, *overrides]))
+    actor = view.actor_rollout_ref.actor
+    assert actor.use_kl_loss is True and actor.kl_loss_coef == 0.2 and actor.kl_loss_type == "low_var_kl"
+    # verl builds the reference worker from these (its validate_config refuses the ref without them)
+    assert view.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu == 4
+
+
 @pytest.mark.parametrize(
     ("override", "names"),
     [
@@ -76,7 +85,7 @@ def test_a_torch_backend_config_drives_the_verl_backend_too() -> None:
         ("trainer.total_trainig_steps=3", "total_trainig_steps.*verl backend.*total_training_steps"),
         ("data.train_batch_szie=4", "train_batch_szie.*verl backend.*train_batch_size"),
         ("actor_rollout_ref.rollout.engine=vllm", "rollout.engine=.*only by the torch backend"),
-        ("actor_rollout_ref.actor.use_kl_loss=true", "use_kl_loss"),
+        ("actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_type=k4", "kl_loss_type"),
         ("actor_rollout_ref.actor.entropy_coeff=0.01", "entropy_coeff"),
         ("actor_rollout_ref.rollout.name=sglang", "rollout.name"),
         ("actor_rollout_ref.model.lora_rank=8", "model.lora_rank"),
@@ -88,7 +97,7 @@ def test_a_torch_backend_config_drives_the_verl_backend_too() -> None:
     ],
 )
 def test_bad_settings_fail_naming_the_key(override: str, names: str) -> None:
-    cfg = compose_config(overrides=[MODEL, override])
+    cfg = compose_config(overrides=[MODEL, *override.split()])
     with pytest.raises(ConfigError, match=names.replace(".", r"\.").replace(r"\.*", ".*")):
         validate(cfg)
 

@@ -1,6 +1,7 @@
 """The verl backend's whole loop on CPU (`cpu_e2e.py`): Gateway, Controller and demo agents,
-rollouts served by real vLLM, updates by verl's actor worker, its weights synced into vLLM after
-every update, verl's checkpoints — three steps of the demo task."""
+rollouts served by real vLLM, updates by verl's actor worker with the KL term to verl's reference
+worker, its weights synced into vLLM after every update, verl's checkpoints — three steps of the
+demo task."""
 
 from __future__ import annotations
 
@@ -66,6 +67,8 @@ def test_the_loop_trains_with_verls_worker_and_real_vllm_on_cpu(tmp_path: Path) 
             "train.data.train_batch_size=4",
             "train.actor_rollout_ref.rollout.n=4",
             "train.actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "train.actor_rollout_ref.actor.use_kl_loss=true",
+            "train.actor_rollout_ref.actor.kl_loss_coef=0.1",
         ],
         cwd=REPO,
         capture_output=True,
@@ -87,6 +90,9 @@ def test_the_loop_trains_with_verls_worker_and_real_vllm_on_cpu(tmp_path: Path) 
     assert any(r["actor/grad_norm"] > 0 for r in steps.values()), (
         "no step had a gradient: nothing was trained"
     )
+    # the KL term to the warm model (the reference): 0 before the first update, then the drift
+    assert steps[1]["actor/kl_loss"] == pytest.approx(0.0, abs=1e-6)
+    assert steps[STEPS]["actor/kl_loss"] > 0, steps[STEPS]
     assert [int(r["step"]) for r in records if "val/reward" in r] == [0, STEPS]
 
     # what vLLM serves at the end is the trained model, not the warm one

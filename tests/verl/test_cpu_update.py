@@ -30,10 +30,20 @@ from .test_loss import model_log_probs
 pytestmark = pytest.mark.timeout(600)
 
 
-def test_a_real_verl_update_on_cpu_matches_the_torch_backend(tmp_path: Path) -> None:
+# Without the KL term; with it (verl's k3 estimator against a reference model of other weights, so
+# the term and its gradient are far from 0), as the backend sets it on verl's actor.
+KL_CASES = [None, ("low_var_kl", 5.0)]
+
+
+@pytest.mark.parametrize("kl", KL_CASES, ids=["policy_loss", "with_kl_to_a_reference"])
+def test_a_real_verl_update_on_cpu_matches_the_torch_backend(
+    tmp_path: Path, kl: tuple[str, float] | None
+) -> None:
     micro = 2  # 6 rollouts' rows padded to whole micro-batches of 2
     model, tokenizer = build_tiny(TINY, seed=4)
     model_dir = save_tiny(tmp_path / "tiny", model, tokenizer)
+    ref_model, _ = build_tiny(TINY, seed=5)
+    kl_args = [str(save_tiny(tmp_path / "ref", ref_model, tokenizer)), kl[0], str(kl[1])] if kl else []
     rows = one_minibatch(make_rows(21, n_groups=2, group_size=3, vocab=200, max_rows_per_rollout=2))
     rng = random.Random(0)
     with torch.no_grad():  # rollout log-probs near the model's: some ratios clip, some do not
@@ -46,7 +56,7 @@ def test_a_real_verl_update_on_cpu_matches_the_torch_backend(tmp_path: Path) -> 
     rows_path.write_text(json.dumps([dataclasses.asdict(r) for r in rows]))
 
     result = subprocess.run(
-        [sys.executable, "-m", "tests.verl.cpu_update", str(model_dir), str(rows_path), str(micro)],
+        [sys.executable, "-m", "tests.verl.cpu_update", str(model_dir), str(rows_path), str(micro), *kl_args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -56,12 +66,26 @@ def test_a_real_verl_update_on_cpu_matches_the_torch_backend(tmp_path: Path) -> 
     assert result.returncode == 0 and lines, result.stderr[-3000:]
     verl = json.loads(lines[-1].removeprefix("VERL_METRICS "))
 
+    kl_config = {"use_kl_loss": True, "kl_loss_type": kl[0], "kl_loss_coef": kl[1]} if kl else {}
     updater = PolicyUpdater(
-        model, ActorConfig(clip_ratio_high=0.28, ppo_micro_batch_size_per_gpu=micro), device="cpu"
+        model,
+        ActorConfig(clip_ratio_high=0.28, ppo_micro_batch_size_per_gpu=micro, **kl_config),  # type: ignore[arg-type]
+        device="cpu",
+        ref_model=ref_model if kl else None,
     )
     stats = updater.backward(rows)
     grad_norm = torch.nn.utils.clip_grad_norm_(updater.model.parameters(), float("inf")).item()
+    if kl:  # the term weighs in the gradient: it is there to match
+        plain = PolicyUpdater(
+            model, ActorConfig(clip_ratio_high=0.28, ppo_micro_batch_size_per_gpu=micro), device="cpu"
+        )
+        plain.backward(rows)
+        plain_norm = torch.nn.utils.clip_grad_norm_(plain.model.parameters(), float("inf")).item()
+        assert abs(grad_norm - plain_norm) > 0.05 * plain_norm
 
     assert sum(verl["actor/pg_loss"]) == pytest.approx(stats["pg_loss"], abs=1e-5)
     assert verl["grad_norm"][0] == pytest.approx(grad_norm, rel=1e-5)  # measured: equal to all digits
     assert 0 < verl["actor/pg_clipfrac"][0] < 1  # clipping was exercised
+    if kl:
+        assert stats["kl_loss"] > 1e-3
+        assert sum(verl["kl_loss"]) == pytest.approx(stats["kl_loss"], rel=1e-5)
