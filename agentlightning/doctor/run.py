@@ -235,8 +235,7 @@ def _run_rollouts(
 
 
 def _probes(probe: ServerProbe, rollouts: list[RecordedRollout], sample: int) -> list[Probe]:
-    """render + regenerate on up to `sample` calls (spread over the rollouts' first and later calls),
-    stream on the first chat call."""
+    """render + regenerate on up to `sample` calls (later calls first), stream on one chat call."""
     calls = [(r.rollout_id, n, c) for r in rollouts for n, c in enumerate(r.calls) if recorded_ids(c)]
     # Later calls first: they carry the history, where renders and parsers part ways.
     calls.sort(key=lambda t: -t[1])
@@ -244,9 +243,11 @@ def _probes(probe: ServerProbe, rollouts: list[RecordedRollout], sample: int) ->
     for rid, n, call in calls[:sample]:
         out.append(probe.render(rid, n, call))
         out.append(probe.regenerate(rid, n, call))
-    first = next(((rid, n, c) for rid, n, c in calls if c.get("api") != "completions"), None)
-    if first is not None:
-        out.append(probe.stream(*first))
+    chat = [(rid, n, c) for rid, n, c in calls if c.get("api") != "completions"]
+    # A call that answered with tool calls where there is one: streamed tool-call parsers differ most.
+    chat.sort(key=lambda t: not _answered_tool_calls(t[2]))
+    if chat:
+        out.append(probe.stream(*chat[0]))
     return out
 
 
@@ -304,6 +305,11 @@ def run_doctor(settings: DoctorSettings, say: Any = print) -> HarnessReport:
         settings.name or settings.agent.agent_class, server_label, reports, probes, notes=notes
     )
     return judge(report)
+
+
+def _answered_tool_calls(call: dict[str, Any]) -> bool:
+    choices = (call.get("response") or {}).get("choices") or [{}]
+    return bool((choices[0].get("message") or {}).get("tool_calls"))
 
 
 def _passed_through(rollouts: Sequence[RecordedRollout]) -> bool:
