@@ -262,3 +262,52 @@ def test_the_built_in_engine_by_default(capsys: pytest.CaptureFixture[str], tmp_
     regenerated = [p for p in report["probes"] if p["check"] == "regenerate"]
     assert regenerated and all(p["ok"] for p in regenerated)  # greedy on the engine reproduces its answers
     assert code == report["exit_code"] == EXIT_CODES[report["verdict"]]
+
+
+# --- the judgement on recorded events, without processes ------------------------------------------
+
+
+def _call(
+    prompt: list[int], answer: list[int], segment: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A recorded chat call: (raw event, triplet event)."""
+    response = {
+        "prompt_token_ids": prompt,
+        "choices": [
+            {"token_ids": answer, "message": {"role": "assistant", "content": "x", "tool_calls": []}}
+        ],
+    }
+    raw = {
+        "event_type": "model_request",
+        "data": {
+            "api": "chat.completions",
+            "request": {"stream": True, "messages": []},
+            "response": response,
+            "segment": segment,
+        },
+    }
+    triplet = {
+        "event_type": "model_request",
+        "data": {"prompt_token_ids": prompt, "response_token_ids": answer},
+    }
+    return raw, triplet
+
+
+def test_judgement_of_a_compacted_rollout_without_processes() -> None:
+    from agentlightning.doctor.analysis import TOKEN_PATH, RecordedRollout, analyze
+    from agentlightning.doctor.verdict import HarnessReport, judge, markdown
+
+    first = _call([1, 2, 3], [4, 5], {"first": True})
+    # The second call's prompt does not start with the first's prompt + answer: a compaction at token 1.
+    second = _call([1, 9], [6], {"continues": False, "break": {"reason": "history_shortened", "index": 1}})
+    reward = {"event_type": "reward", "data": {"value": 0.5}}
+    rollout = RecordedRollout("r1", "succeeded", None, [first[0], second[0], reward], [first[1], second[1]])
+    path = analyze(TOKEN_PATH, [rollout])
+    assert (path.total_calls, path.rows_per_rollout and path.rows_per_rollout.max) == (2, 2)
+    assert [(b.call, b.reason, b.index) for b in path.breaks] == [(1, "history_shortened", 1)]
+    assert path.features == ["streaming"] and path.rewards == [0.5] and path.token_exact_calls == 2
+    report = judge(HarnessReport("h", "s", [path], []))
+    assert (report.verdict, report.exit_code) == (WITH_BREAKS, 1)
+    text = markdown(report)
+    assert "## h: **trainable with breaks**" in text and "call 1: history_shortened @ 1" in text
+    assert "call 1 of r1 at token 1" in text and "compaction" in text
