@@ -265,7 +265,7 @@ def markdown(report: HarnessReport) -> str:
             "segment breaks",
             lambda p: "; ".join(f"call {b.call}: {b.reason} @ {b.index}" for b in p.breaks) or "none",
         ),
-        ("rewards", lambda p: _rewards(p)),
+        ("rewards", rewards_cell),
     ]
     for label, cell in rows:
         lines.append(f"| {label} | " + " | ".join(_cell(cell(p)) for p in report.paths) + " |")
@@ -302,7 +302,7 @@ _CHECKS = {
 }
 
 
-def _rewards(p: PathReport) -> str:
+def rewards_cell(p: PathReport) -> str:
     if not p.rewards:
         return "none reported"
     low, high = min(p.rewards), max(p.rewards)

@@ -28,7 +28,10 @@ SMOKES = {
     "replicas": (sys.executable, r"postgres x1 +\d+ +\d\.\d\d"),
     "retrieval_latency": (str(EXAMPLES_PYTHON), r"ratio service / in-process \(p50\): [\d.]+"),
     "merge_report": (sys.executable, r"\| gsm8k: plain `openai` client tool loop \| \d\.\d\d \|"),
-    "doctor_table": (sys.executable, r"\| gsm8k: plain `openai` client tool loop \| .* \| \*\*trainable\*\* \|"),
+    "doctor_table": (
+        sys.executable,
+        r"\| gsm8k: plain `openai` client tool loop \| .* \| \*\*trainable\*\* \|",
+    ),
     "learning": (
         sys.executable,
         r"\| grpo \| 1 \| \d\.\d{3} \| \d\.\d{3} \| \d\.\d{3} \| \d\.\d{3} \| \d+\.\d \| \d+ \|",
