@@ -129,7 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             except DoctorError as exc:
                 fail(PROG, str(exc), EXIT_BAD_INPUT)
             except ProcessFailed as exc:
-                fail(PROG, f"{exc}\n(logs: {work})", EXIT_BAD_INPUT)
+                keep = (
+                    f"(logs: {work})" if args.work is not None else "(rerun with --work DIR to keep the logs)"
+                )
+                fail(PROG, f"{exc}\n{keep}", EXIT_BAD_INPUT)
     if args.json:
         print(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2).decode())
     else:

@@ -111,7 +111,8 @@ def judge(report: HarnessReport) -> HarnessReport:
             Finding(
                 FATAL,
                 f"every rollout failed ({first})",
-                "fix the agent: its log is in the doctor's work folder",
+                "fix the agent: the last line of its log is above; `--work DIR` keeps the whole log "
+                "(DIR/<path>/agents/)",
             )
         )
     elif main.failures:

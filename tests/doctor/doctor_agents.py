@@ -2,7 +2,7 @@
 
 `DOCTOR_MODE` (the doctor's `--env`) picks the fault: `loop` (none: a tool loop that reports its
 reward), `stream` (the same loop, streamed), `compact` (the conversation rewritten before the
-second call), `no_reward` (never reports one), `bypass` (asks the model at `DOCTOR_UPSTREAM`,
+second call), `no_reward` (never reports one), `crash` (raises after its first call), `bypass` (asks the model at `DOCTOR_UPSTREAM`,
 not through the Gateway). The model answers `calculate` with a tool call, then `ANSWER: n`.
 """
 
@@ -80,6 +80,8 @@ class DoctorAgent:
                     response = http.post(url, json=body)
                     response.raise_for_status()
                     message = response.json()["choices"][0]["message"]
+                if mode == "crash":
+                    raise RuntimeError("the harness crashed after its first call")
                 calls = message.get("tool_calls") or []
                 if not calls:
                     answer = message.get("content") or ""

@@ -170,6 +170,19 @@ def test_no_reward(capsys: pytest.CaptureFixture[str], tasks: Path, model: Scrip
 
 
 @pytest.mark.slow
+def test_a_harness_that_crashes(
+    capsys: pytest.CaptureFixture[str], tasks: Path, model: ScriptedChatModel
+) -> None:
+    code, report = run(capsys, tasks, model.base_url, "crash", "--paths", "token")
+    token = paths(report)["token path"]
+    assert (token["succeeded"], token["total_calls"]) == (0, 1)
+    assert "RuntimeError: the harness crashed after its first call" in token["failures"][0]
+    assert (code, report["verdict"]) == (EXIT_CODES[NOT_TRAINABLE], NOT_TRAINABLE)
+    (fatal,) = [f for f in report["findings"] if f["severity"] == "fatal"]
+    assert fatal["what"].startswith("every rollout failed") and "harness crashed" in fatal["what"]
+
+
+@pytest.mark.slow
 def test_calls_that_bypass_the_gateway(
     capsys: pytest.CaptureFixture[str], tasks: Path, model: ScriptedChatModel
 ) -> None:
