@@ -41,6 +41,7 @@ LAYERS: dict[str, str] = {
     "verl": "verl",
     "demo": "demo",
     "evaluation": "evaluation",
+    "doctor": "doctor",
     "testing": "testing",
 }
 
@@ -58,6 +59,9 @@ ALLOWED: dict[str, set[str]] = {
     # agl-eval: starts the services by command line (launch), reads the store (client), loads
     # data and checkpoints (trainer), writes checkpoints out as model folders (torch_backend)
     "evaluation": {"base", "client", "rows", "trainer", "torch_backend"},
+    # agl-doctor: starts the services by command line (launch), reads the store (client), makes
+    # training rows of what it read (rows)
+    "doctor": {"base", "client", "rows"},
     # test doubles (fake and scripted model servers) for the tests and the benches: HTTP only
     "testing": {"base", "client", "rows"},
 }

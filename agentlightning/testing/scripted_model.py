@@ -310,9 +310,10 @@ class PolicyBackend:
     """The scripted model behind the one OpenAI server: non-streamed chat and vLLM's scale-out
     calls. A bad request or a policy bug answers 400 and its reason is kept in `errors`."""
 
-    def __init__(self, policy: Policy, scale_out: bool = False) -> None:
+    def __init__(self, policy: Policy, scale_out: bool = False, streams: bool = False) -> None:
         self.policy = policy
         self.scale_out = scale_out
+        self.streams = streams
         self.errors: list[str] = []
         self._rendered: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]] | None]] = {}
         self._generated: dict[tuple[int, ...], str] = {}
@@ -325,10 +326,43 @@ class PolicyBackend:
             raise BadRequest(f"{type(exc).__name__}: {exc}") from None
 
     async def chat(self, call: Call) -> Answer:
-        if call.body.get("stream"):
+        if call.body.get("stream") and not self.streams:
             self.errors.append("ValueError: this model does not stream")
             raise BadRequest("ValueError: this model does not stream")
-        return Answer(await self._run(self.chat_body, call.body))
+        answer = await self._run(self.chat_body, call.body)
+        if call.body.get("stream"):
+            return Answer(
+                chunks=self.stream_chunks(
+                    answer, bool((call.body.get("stream_options") or {}).get("include_usage"))
+                )
+            )
+        return Answer(answer)
+
+    def stream_chunks(self, answer: dict[str, Any], include_usage: bool) -> list[dict[str, Any]]:
+        """The whole answer as vLLM streams it with `return_token_ids`: the role (with the prompt's
+        ids), the text and tool calls with the answer's ids, then the finish reason."""
+        choice, message = answer["choices"][0], answer["choices"][0]["message"]
+        head = {k: answer[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+        delta: dict[str, Any] = {"content": message["content"] or ""}
+        if message["tool_calls"]:
+            delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
+        body = {"index": 0, "delta": delta, "logprobs": choice["logprobs"], "finish_reason": None}
+        if choice["token_ids"] is not None:
+            body["token_ids"] = choice["token_ids"]
+        first: dict[str, Any] = {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "finish_reason": None,
+        }
+        last = {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}
+        chunks = [
+            {**head, "choices": [first], "prompt_token_ids": answer["prompt_token_ids"]},
+            {**head, "choices": [body]},
+            {**head, "choices": [last]},
+        ]
+        if include_usage:
+            chunks.append({**head, "choices": [], "usage": answer["usage"]})
+        return chunks
 
     async def completions(self, call: Call) -> Answer:
         self.errors.append("ValueError: this model serves chat completions only")
@@ -401,11 +435,14 @@ class ScriptedChatModel(FakeModelServer):
     policy bug answers 400 and its reason is kept in `errors`.
 
     `scale_out`: vLLM's scale-out endpoints (render / generate on tokens / derender), as with
-    `vllm serve --enable-scale-out`; without them the Gateway passes calls through. The server is
+    `vllm serve --enable-scale-out`; without them the Gateway passes calls through. `streams`: chat
+    answers `stream: true` (the whole answer in one chunk), else 400. The server is
     lenient, as vLLM is about the fields its schema does not check."""
 
-    def __init__(self, policy: Policy, host: str = "127.0.0.1", scale_out: bool = False) -> None:
-        self.backend = PolicyBackend(policy, scale_out)
+    def __init__(
+        self, policy: Policy, host: str = "127.0.0.1", scale_out: bool = False, streams: bool = False
+    ) -> None:
+        self.backend = PolicyBackend(policy, scale_out, streams)
         super().__init__(host, backend=self.backend, lenient=True)
 
     @property

