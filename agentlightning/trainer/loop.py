@@ -62,6 +62,7 @@ from agentlightning.trainer.failures import check_rollouts
 from agentlightning.trainer.gains import GainKeeper, Verdict
 from agentlightning.trainer.manager import RolloutManager
 from agentlightning.trainer.metrics import validation_metrics
+from agentlightning.trainer.outcomes import parse_outcome_policy
 from agentlightning.trainer.policies import policy_views, prefixed, shared_view
 from agentlightning.trainer.tracking import Tracker
 
@@ -141,6 +142,8 @@ class TrainingLoop:
                 "algorithm.filter_groups.enable with agentlightning.policies: dynamic sampling of "
                 "several policies is not implemented (a group may carry signal for one role only)"
             )
+        # Checked before anything starts: a bad rule is refused naming its key.
+        parse_outcome_policy(self.core.agl.outcomes, self.core.agl.failed_rollouts)
         self.loop: TrainerConfig = settings.trainer
         guard = self.loop.collapse_guard
         if guard.enable and guard.action == "rollback" and not self.loop.keep_best:
