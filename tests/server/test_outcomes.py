@@ -98,6 +98,8 @@ def test_an_engine_that_answers_503_after_the_retries_makes_model_unavailable_wh
     outcome, detail = attempts(api, "r1")["a1"]
     assert outcome == "model_unavailable" and detail is not None and "503" in detail
     assert batch_outcomes(api, "r1") == ["model_unavailable"]
+    [shown] = api.get("/api/dashboard/rollouts/r1").json()["attempts"]  # the dashboard's attempt view
+    assert (shown["outcome"], shown["outcome_detail"]) == (outcome, detail)
 
 
 def test_a_retry_that_succeeds_is_no_evidence(api: TestClient, fake: FakeModelServer) -> None:

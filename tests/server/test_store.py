@@ -321,6 +321,30 @@ async def test_concurrent_outcome_reports_leave_the_strongest(store: Store) -> N
     assert await store.list_outcomes(["a"]) == {("a", "t1"): (AttemptOutcome.POD_LOST, "pod_lost")}
 
 
+async def test_outcomes_are_shared_by_postgres_replicas_and_survive_a_restart() -> None:
+    url = postgres.new_database()
+    a, b = store_from_url(url), store_from_url(url)
+    await a.open()
+    await b.open()
+    try:
+        await a.create_rollouts([rollout("r")])
+        await a.record_outcome("r", "t1", AttemptOutcome.MODEL_UNAVAILABLE, "503", 1.0)
+        # the other replica's weaker evidence (the end it saw) does not replace it
+        assert await b.record_outcome("r", "t1", AttemptOutcome.OK, None, 2.0) == (
+            AttemptOutcome.MODEL_UNAVAILABLE,
+            "503",
+        )
+    finally:
+        await a.close()
+        await b.close()
+    again = store_from_url(url)
+    await again.open()
+    try:
+        assert await again.list_outcomes(["r"]) == {("r", "t1"): (AttemptOutcome.MODEL_UNAVAILABLE, "503")}
+    finally:
+        await again.close()
+
+
 async def test_a_version_3_sqlite_file_gets_the_outcome_table(tmp_path: Path) -> None:
     import sqlite3
 
