@@ -217,3 +217,15 @@ def select_by_outcome(rollouts: Sequence[CollectedRollout], policy: OutcomePolic
     return Selection(
         kept, {rid: v for rid, v in rewards.items() if rid in {r.rollout_id for r in kept}}, metrics
     )
+
+
+def valid_for_validation(
+    rollouts: Sequence[CollectedRollout],
+) -> tuple[list[CollectedRollout], dict[str, float]]:
+    """A validation's rollouts without those the infrastructure failed (they measure the
+    infrastructure, not the policy), and `val/outcome/<outcome>` counts of all of them."""
+    outcomes = [outcome_of(r) for r in rollouts]
+    counts = Counter(outcomes)
+    metrics = {f"val/outcome/{o.value}": float(counts[o]) for o in AttemptOutcome}
+    valid = [r for r, o in zip(rollouts, outcomes, strict=True) if o not in INFRASTRUCTURE_OUTCOMES]
+    return valid, metrics

@@ -15,7 +15,8 @@ from agentlightning.trainer.batch import build_training_batch
 from agentlightning.trainer.collected import CollectedRollout
 from agentlightning.trainer.config import ConfigError, load_core_config, load_training_config
 from agentlightning.trainer.loop import TrainingLoop
-from agentlightning.trainer.outcomes import OutcomeShareExceeded, parse_outcome_policy
+from agentlightning.trainer.metrics import validation_metrics
+from agentlightning.trainer.outcomes import OutcomeShareExceeded, parse_outcome_policy, valid_for_validation
 from tests.trainer.scripts import call_event, reward_event
 
 OK, FAILED = RolloutState.SUCCEEDED, RolloutState.FAILED
@@ -274,3 +275,13 @@ def test_the_loop_refuses_a_bad_rule_before_anything_starts() -> None:
 
     with pytest.raises(ConfigError, match=r"agentlightning\.outcomes\.sandbox_lost"):
         TrainingLoop(cfg, settings, NeverStarted(), train_dataset=[{"q": 1}])  # type: ignore[arg-type]
+
+
+def test_a_validation_measures_the_policy_not_the_infrastructure() -> None:
+    val = group_of_8()
+    valid, counts = valid_for_validation(val)
+    assert [r.rollout_id for r in valid] == [f"g0-{i}" for i in range(5)]
+    assert counts["val/outcome/model_unavailable"] == 1 and counts["val/outcome/ok"] == 3
+    # 1, 0, 1 and two fills of 0 over 5, not over 8 with the 503's 0 and two more fills
+    assert validation_metrics(valid)["val/reward"] == pytest.approx(2 / 5)
+    assert validation_metrics(val)["val/reward"] == pytest.approx(2 / 8)
