@@ -28,6 +28,8 @@ from pydantic import BaseModel, TypeAdapter
 from agentlightning.schemas import (
     EVENT_REWARD,
     AgentToken,
+    AttemptOutcome,
+    AttemptOutcomeState,
     Event,
     Model,
     ProxyState,
@@ -313,6 +315,17 @@ class _Operations:
         body = {"status": {k: (v.value if isinstance(v, RolloutState) else v) for k, v in status.items()}}
         # Not repeatable: a second identical state change is an illegal transition.
         return _Call("PATCH", f"/api/rollouts/{_seg(rollout_id)}", _model(Rollout), False, body=body)
+
+    @_Operation
+    def report_outcome(
+        rollout_id: str, attempt_id: str | None, outcome: AttemptOutcome | str, detail: str | None = None
+    ) -> _Call[AttemptOutcomeState]:
+        """Evidence of how an attempt ended (controller or admin key; not in v1.0: NotFound there).
+        `attempt_id` None: a rollout that never started an attempt. Repeatable: the attempt keeps
+        the strongest evidence reported, whatever the order (docs/reliability.md)."""
+        body = {"outcome": AttemptOutcome(outcome).value, "detail": detail}
+        path = f"/api/rollouts/{_seg(rollout_id)}/attempts/{_seg(attempt_id or '-')}/outcome"
+        return _Call("PUT", path, _model(AttemptOutcomeState), True, body=body)
 
     @_Operation
     def delete_rollout(rollout_id: str) -> _Call[None]:

@@ -139,11 +139,70 @@ class RolloutPatch(_Strict):
     status: RolloutStatusPatch | None = None  # none, or no field set: the rollout unchanged (as v1.0)
 
 
+class AttemptOutcome(StrEnum):
+    """How a finished attempt ended, decided from the Gateway's and the Controller's own records
+    (the proxy's failed calls, the agent process's or pod's end), not from the agent's say
+    (docs/reliability.md). Declared from the weakest evidence to the strongest: when several
+    are recorded for one attempt, the strongest stands."""
+
+    OK = "ok"  # finished and reported a reward
+    NO_REWARD = "no_reward"  # finished without a reward
+    AGENT_ERROR = "agent_error"  # the agent failed on its own (a non-zero exit, a crash)
+    CONTEXT_OVERFLOW = "context_overflow"  # the engine refused a prompt over its context
+    TIMEOUT = "timeout"  # stopped at config.timeout_seconds (or the Job's deadline)
+    LOST = "lost"  # the trainer gave up waiting for it
+    MODEL_UNAVAILABLE = "model_unavailable"  # a model call failed (5xx, timeout) after the retries
+    SANDBOX_LOST = "sandbox_lost"  # the agent's process was killed (memory limit, an operator)
+    POD_LOST = "pod_lost"  # its pod was OOMKilled, evicted, or its node went away
+
+    @property
+    def rank(self) -> int:
+        """Its strength as evidence: a stronger outcome replaces a weaker one, never the reverse."""
+        return _OUTCOME_ORDER.index(self)
+
+    @property
+    def is_infrastructure(self) -> bool:
+        """Caused by the system, not by the policy: never trained as a reward."""
+        return self in INFRASTRUCTURE_OUTCOMES
+
+
+_OUTCOME_ORDER: tuple[AttemptOutcome, ...] = tuple(AttemptOutcome)
+INFRASTRUCTURE_OUTCOMES: frozenset[AttemptOutcome] = frozenset(
+    {
+        AttemptOutcome.TIMEOUT,
+        AttemptOutcome.LOST,
+        AttemptOutcome.MODEL_UNAVAILABLE,
+        AttemptOutcome.SANDBOX_LOST,
+        AttemptOutcome.POD_LOST,
+    }
+)
+MAX_OUTCOME_DETAIL = 2000
+
+
+class OutcomeReport(_Strict):
+    """Evidence of how an attempt ended (the Controller's, the trainer's; an addition over v1.0)."""
+
+    outcome: AttemptOutcome
+    detail: str | None = Field(default=None, max_length=MAX_OUTCOME_DETAIL, description="what showed it")
+
+
+class AttemptOutcomeState(BaseModel):
+    """The outcome an attempt holds after a report: the strongest evidence recorded for it."""
+
+    rollout_id: str
+    attempt_id: str
+    outcome: AttemptOutcome
+    detail: str | None = None
+
+
 class Attempt(BaseModel):
     attempt_id: str
     n_events: int
     first_event_at: float | None = None
     last_event_at: float | None = None
+    # Additions over v1.0: how the attempt ended (None while it runs, and on older stores).
+    outcome: AttemptOutcome | None = None
+    outcome_detail: str | None = None
 
 
 class RolloutDetail(BaseModel):
@@ -224,6 +283,7 @@ class RolloutEvents(BaseModel):
     state: RolloutState | None = None
     error_message: str | None = None
     events: list[Event] = Field(default_factory=list)
+    outcome: AttemptOutcome | None = Field(default=None, description="how its last attempt ended")
 
 
 class RewardData(BaseModel):

@@ -172,6 +172,11 @@ OPERATIONS: dict[str, tuple[tuple[Any, ...], dict[str, Any], bytes]] = {
     "long_poll_terminal": ((4, 1.5), {"limit": 9}, _PAGE),
     "get_rollout": (("r/1",), {}, _DETAIL),
     "patch_rollout": (("r 1",), {"state": RolloutState.RUNNING, "last_attempt_id": "a"}, _ROLLOUT),
+    "report_outcome": (
+        ("r 1", None, "pod_lost"),
+        {"detail": "OOMKilled"},
+        b'{"rollout_id": "r 1", "attempt_id": "", "outcome": "pod_lost", "detail": "OOMKilled"}',
+    ),
     "delete_rollout": (("r 1",), {}, b""),
     "delete_rollouts": ((["a", "b"],), {}, b'{"deleted": 1}'),
     "mint_agent_token": (("r", "a"), {}, b'{"token": "t", "rollout_id": "r", "attempt_id": "a"}'),

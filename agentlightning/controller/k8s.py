@@ -38,7 +38,7 @@ from agentlightning.controller.k8s_job import (
 )
 from agentlightning.controller.runner import Handle, LaunchError, Outcome, Runner, StartupError
 from agentlightning.log import get_logger
-from agentlightning.schemas import Rollout
+from agentlightning.schemas import AttemptOutcome, Rollout
 
 log = get_logger("controller.k8s")
 
@@ -48,6 +48,8 @@ STUCK_REASONS = frozenset(
 DISRUPTION_REASONS = frozenset(
     {"Evicted", "Preempting", "NodeLost", "Shutdown", "Terminated", "NodeShutdown"}
 )
+# A container ended by the node, not by its own code: the attempt's pod was lost.
+LOST_CONTAINER_REASONS = frozenset({"OOMKilled", "ContainerStatusUnknown", "Evicted"})
 API_ERRORS: tuple[type[Exception], ...] = (
     kr8s.ServerError,
     kr8s.APITimeoutError,
@@ -145,6 +147,8 @@ class K8sHandle(Handle):
 
 
 class K8sRunner(Runner):
+    lost_as = AttemptOutcome.POD_LOST
+
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
         self.k8s = config.k8s_runner
@@ -372,7 +376,11 @@ class K8sRunner(Runner):
     def _gone(self, handle: K8sHandle) -> None:
         if handle.deleting or handle.outcome.done() or handle.concluding:
             return
-        handle.conclude(Outcome.failure(f"Job {handle.name} was deleted while the rollout was running"))
+        handle.conclude(
+            Outcome.failure(
+                f"Job {handle.name} was deleted while the rollout was running", kind=AttemptOutcome.POD_LOST
+            )
+        )
 
     async def _conclude_failed(self, handle: K8sHandle, job: dict[str, Any], failed: dict[str, Any]) -> None:
         reason, message = failed.get("reason") or "Failed", failed.get("message") or ""
@@ -380,7 +388,8 @@ class K8sRunner(Runner):
             deadline = (job.get("spec") or {}).get("activeDeadlineSeconds")
             handle.conclude(
                 Outcome.failure(
-                    f"timed out: Job {handle.name} ran past activeDeadlineSeconds={deadline} ({message})"
+                    f"timed out: Job {handle.name} ran past activeDeadlineSeconds={deadline} ({message})",
+                    kind=AttemptOutcome.TIMEOUT,
                 )
             )
             return
@@ -410,9 +419,12 @@ class K8sRunner(Runner):
                 why = status.get("reason") or disrupted[0].get("reason")
                 detail = status.get("message") or (disrupted[0].get("message") if disrupted else "") or ""
                 return Outcome.failure(
-                    f"the pod of Job {handle.name} was {why}: {detail}".rstrip(": "), retryable=True
+                    f"the pod of Job {handle.name} was {why}: {detail}".rstrip(": "),
+                    retryable=True,
+                    kind=AttemptOutcome.POD_LOST,
                 )
         parts = [f"Job {handle.name} failed ({reason}: {message})".replace(": )", ")")]
+        kind = AttemptOutcome.AGENT_ERROR
         for pod in pods:
             raw = _raw(pod)
             for container in (raw.get("status") or {}).get("containerStatuses") or []:
@@ -421,13 +433,15 @@ class K8sRunner(Runner):
                     text = f"container {container.get('name')} exited with code {terminated.get('exitCode')}"
                     if terminated.get("reason"):
                         text += f" ({terminated['reason']})"
+                    if terminated.get("reason") in LOST_CONTAINER_REASONS:
+                        kind = AttemptOutcome.POD_LOST  # the memory limit's kill, not the agent's exit
                     if terminated.get("message"):
                         text += f": {terminated['message']}"
                     parts.append(text)
             tail = await self._log_tail(pod)
             if tail:
                 parts.append(f"last output of pod {pod.name}:\n{tail}")
-        return Outcome.failure("; ".join(parts))
+        return Outcome.failure("; ".join(parts), kind=kind)
 
     async def _log_tail(self, pod: Pod) -> str:
         if self.k8s.error_tail_lines <= 0:

@@ -30,7 +30,7 @@ from agentlightning.controller.log_retention import LogRetention
 from agentlightning.controller.runner import Handle, LaunchError, Outcome, Runner
 from agentlightning.controller.warm import SpawnFailed, WarmPool
 from agentlightning.log import get_logger
-from agentlightning.schemas import Rollout
+from agentlightning.schemas import AttemptOutcome, Rollout
 
 log = get_logger("controller.local")
 
@@ -105,15 +105,18 @@ def classify_exit(returncode: int | None, output_tail: str) -> Outcome:
             "the agent process ended without recording an exit code (killed while the controller "
             "was not watching it?)" + tail,
             retryable=True,
+            kind=AttemptOutcome.SANDBOX_LOST,
         )
     if returncode > 0:
-        return Outcome.failure(f"agent exited with code {returncode}{tail}")
+        return Outcome.failure(f"agent exited with code {returncode}{tail}", kind=AttemptOutcome.AGENT_ERROR)
     name = _signal_name(-returncode)
     if -returncode in CRASH_SIGNALS:
-        return Outcome.failure(f"agent crashed ({name}){tail}")
+        return Outcome.failure(f"agent crashed ({name}){tail}", kind=AttemptOutcome.AGENT_ERROR)
+    # SIGKILL from the kernel's OOM killer (a memory limit) lands here, as any signal from outside.
     return Outcome.failure(
         f"agent was killed by {name}, which the controller did not send (out of memory? an operator?){tail}",
         retryable=True,
+        kind=AttemptOutcome.SANDBOX_LOST,
     )
 
 

@@ -30,6 +30,7 @@ from agentlightning.client import (
     GatewayError,
     GatewayUnavailable,
     NotFound,
+    ServerError,
 )
 from agentlightning.controller.config import ControllerConfig
 from agentlightning.controller.metrics import ControllerMetrics
@@ -42,7 +43,7 @@ from agentlightning.controller.runner import (
     new_attempt_id,
 )
 from agentlightning.log import get_logger
-from agentlightning.schemas import Rollout, RolloutState
+from agentlightning.schemas import MAX_OUTCOME_DETAIL, AttemptOutcome, Rollout, RolloutState
 
 log = get_logger("controller")
 
@@ -307,6 +308,7 @@ class Reconciler:
                         attempt_id=next_id,
                         reason=outcome.message,
                     )
+                    await self._report_outcome(active, outcome)
                     if not await self._patch_running(active, next_id, error_message=note):
                         self.runner.forget(active.rollout_id, failed_id)
                         return
@@ -364,9 +366,40 @@ class Reconciler:
             log.warning("attempt_timeout", rollout_id=active.rollout_id, attempt_id=active.attempt_id)
             metrics.failures.labels("timeout").inc()
             await handle.kill()
-            return Outcome.failure(active.stop_reason) if active.report else None
+            return Outcome.failure(active.stop_reason, kind=AttemptOutcome.TIMEOUT) if active.report else None
         metrics.failures.labels("stopped").inc()
-        return Outcome.failure(active.stop_reason) if active.report else None
+        return Outcome.failure(active.stop_reason, kind=self.runner.lost_as) if active.report else None
+
+    def _outcome_kind(self, outcome: Outcome) -> AttemptOutcome:
+        if outcome.kind is not None:
+            return outcome.kind
+        return self.runner.lost_as if outcome.retryable else AttemptOutcome.AGENT_ERROR
+
+    async def _report_outcome(self, active: Active, outcome: Outcome, retry: bool = True) -> None:
+        """How a failed attempt ended, as evidence for the Gateway (docs/reliability.md); a success
+        the Gateway judges itself (a reward or none). A Gateway without the route (v1.0) or a
+        deleted rollout: nothing to record. `retry`: through outages, else they raise."""
+        if outcome.succeeded:
+            return
+        kind = self._outcome_kind(outcome)
+        detail = _truncate(outcome.message or "failed", MAX_OUTCOME_DETAIL)
+        backoff = _Backoff(0.5, 10.0)
+        while True:
+            try:
+                await self.client.report_outcome(active.rollout_id, active.attempt_id, kind, detail)
+                return
+            except (GatewayUnavailable, ServerError) as exc:
+                if not retry or self._force.is_set():
+                    raise
+                delay = backoff.next()
+                log.warning(
+                    "outcome_report_failed", rollout_id=active.rollout_id, error=str(exc), retry_in_s=delay
+                )
+                await asyncio.sleep(delay)
+            except GatewayError as exc:  # deleted, or a Gateway without outcomes (v1.0): nothing kept
+                if not isinstance(exc, NotFound):
+                    log.warning("outcome_not_recorded", rollout_id=active.rollout_id, error=exc.detail)
+                return
 
     async def _report(self, active: Active, outcome: Outcome) -> None:
         """Patch the final state; retried through Gateway outages (until the shutdown deadline)."""
@@ -384,6 +417,8 @@ class Reconciler:
         backoff = _Backoff(0.5, 10.0)
         while True:
             try:
+                # First the evidence, then the end: the trainer reads both once it sees the end.
+                await self._report_outcome(active, outcome, retry=False)
                 await self.client.patch_rollout(rollout_id, **fields)
                 break
             except NotFound:

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agentlightning.schemas import Rollout
+from agentlightning.schemas import AttemptOutcome, Rollout
 
 _ATTEMPT = re.compile(r"^attempt-(\d+)-")
 
@@ -29,20 +29,23 @@ class Outcome:
     """How an attempt ended. `retryable` marks an infrastructure failure (retried as a new attempt
     while attempts are left); an agent's own failure is never retried. `never_started`: the agent
     was never started (the controller stopped between claiming the rollout and starting it), a
-    loss of the controller's own: retried as a new attempt even when no attempts are left."""
+    loss of the controller's own: retried as a new attempt even when no attempts are left.
+    `kind`: the failure's type as the Gateway records it (docs/reliability.md); None leaves it
+    to the reconciler: the runner's own loss when retryable, else the agent's error."""
 
     succeeded: bool
     message: str | None = None
     retryable: bool = False
     never_started: bool = False
+    kind: AttemptOutcome | None = None
 
     @staticmethod
     def success() -> Outcome:
         return Outcome(True)
 
     @staticmethod
-    def failure(message: str, retryable: bool = False) -> Outcome:
-        return Outcome(False, message, retryable)
+    def failure(message: str, retryable: bool = False, kind: AttemptOutcome | None = None) -> Outcome:
+        return Outcome(False, message, retryable, kind=kind)
 
     @staticmethod
     def not_started(message: str) -> Outcome:
@@ -90,6 +93,8 @@ class Runner(abc.ABC):
     #: The controller's Gateway key; agents get a token for their attempt from `agent_keys` instead.
     key: str = ""
     agent_keys: AgentKeySource | None = None
+    #: The outcome of an attempt this runner lost (a retryable failure that names no other).
+    lost_as: AttemptOutcome = AttemptOutcome.SANDBOX_LOST
 
     async def agent_key(self, rollout_id: str, attempt_id: str) -> str:
         """AGL_KEY for an agent: its attempt's token (the controller's key without a source)."""

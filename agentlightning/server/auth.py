@@ -117,6 +117,7 @@ CONTROLLER_ROUTES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("GET", re.compile(r"^/api/rollouts/terminal$")),
     ("GET", _ROLLOUT),
     ("PATCH", _ROLLOUT),
+    ("PUT", re.compile(rf"^/api/rollouts/{_SEG}/attempts/{_SEG}/outcome$")),
     ("POST", re.compile(r"^/api/agent-tokens$")),
 )
 

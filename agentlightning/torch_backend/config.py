@@ -242,7 +242,8 @@ def torch_read_keys() -> tuple[set[str], set[str]]:
     trainer, _ = dataclass_keys("trainer.", TrainerConfig)
     data, _ = dataclass_keys("data.", DataConfig)
     read |= rc | trainer | data | set(core_config_keys())
-    maps |= {"agentlightning.local.env_map", "agentlightning.policies"}  # user-chosen names below
+    # user-chosen names below (outcomes: checked by trainer/outcomes.py when the loop is made)
+    maps |= {"agentlightning.local.env_map", "agentlightning.policies", "agentlightning.outcomes"}
     return read, maps
 
 

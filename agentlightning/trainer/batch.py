@@ -1,7 +1,9 @@
 """From collected rollouts to a shaped training batch: the core's algorithm, in one place.
 
-1. Failure policy: `drop` (default) leaves failed rollouts out, counted; `train` keeps them
-   with their reward or the fill value (v1.0's behaviour).
+1. Outcome policy (trainer/outcomes.py): infrastructure failures are left out, whatever their
+   reward; an agent's own failure as `failed_rollouts` says (`drop`, the default, or `train`
+   with its reward or the fill value, v1.0's behaviour) unless `outcomes.agent_error` says
+   otherwise; groups left too thin are dropped whole. Counted per outcome.
 2. Reward: the last `reward` event's value in float32; none -> `reward_fillna_value`.
 3. Aggregation into rows (`trajectory` or `transition`), with limits, drops and truncation.
 4. Advantage: one scalar per rollout over its group. The group is the prompt's accepted
@@ -41,7 +43,7 @@ from agentlightning.trainer.advantage import (
     step_returns,
 )
 from agentlightning.trainer.collected import CollectedRollout
-from agentlightning.trainer.config import AdvantageMode, CoreConfig, FailedRolloutPolicy
+from agentlightning.trainer.config import AdvantageMode, CoreConfig
 from agentlightning.trainer.gcpause import gc_paused
 from agentlightning.trainer.metrics import (
     aggregation_metrics,
@@ -49,6 +51,7 @@ from agentlightning.trainer.metrics import (
     shaping_metrics,
     staleness_metrics,
 )
+from agentlightning.trainer.outcomes import parse_outcome_policy, select_by_outcome
 from agentlightning.trainer.shaping import group_rows, shape_batch, split_minibatches
 from agentlightning.trainer.staleness import split_stale_groups
 
@@ -148,10 +151,11 @@ def _build(
     )
     n_failed = sum(1 for r in ordered if r.failed)
     n_lost = sum(1 for r in ordered if r.lost)
-    if agl.failed_rollouts == FailedRolloutPolicy.DROP:
-        accepted = [r for r in ordered if not r.failed]
-    else:
-        accepted = list(ordered)
+    # By outcome (trainer/outcomes.py): infrastructure failures and what the policy drops go here,
+    # before any reward or advantage is computed.
+    selection = select_by_outcome(ordered, parse_outcome_policy(agl.outcomes, agl.failed_rollouts))
+    accepted = selection.kept
+    kept = {r.rollout_id for r in accepted}
     stale: list[CollectedRollout] = []
     if policy_version is not None:
         accepted, stale = split_stale_groups(accepted, policy_version, agl.max_staleness)
@@ -170,7 +174,10 @@ def _build(
         reward = last_reward(rollout.events)
         if reward is not None:
             n_with_reward += 1
-        else:
+        set_reward = selection.rewards.get(rollout.rollout_id)
+        if set_reward is not None:
+            reward = set_reward
+        elif reward is None:
             reward = agl.reward_fillna_value
         rewards.append(reward)
         calls = usable_calls(rollout.events, stats)
@@ -225,7 +232,10 @@ def _build(
         "training/n_rollouts": len(ordered),
         "training/n_rollouts_failed": n_failed,
         "training/n_rollouts_lost": n_lost,
-        "training/n_rollouts_dropped_failed": len(ordered) - len(accepted),
+        "training/n_rollouts_dropped_failed": sum(
+            1 for r in ordered if r.failed and r.rollout_id not in kept
+        ),
+        "training/n_rollouts_dropped_outcome": len(ordered) - len(accepted),
         "training/n_rollouts_w_reward": n_with_reward,
         "training/n_rollouts_w_trace": len(members),
         "training/staleness/n_rollouts_dropped": len(stale),
@@ -236,6 +246,7 @@ def _build(
         "training/n_call_rewards": n_call_rewards,
         "training/n_call_rewards_unmatched": n_call_rewards_unmatched,
     }
+    metrics.update(selection.metrics)
     metrics.update(aggregation_metrics(stats))
     metrics.update(shaping_metrics(shape_stats))
     metrics.update(row_metrics(shaped))
@@ -258,6 +269,8 @@ _LEFT_OUT = {
     "training/n_calls_error": "calls_failed",
     "training/n_calls_no_tokens": "calls_without_tokens",
     "training/n_rollouts_dropped_failed": "rollouts_failed_dropped",
+    "training/n_rollouts_dropped_infrastructure": "rollouts_infrastructure_failed_dropped",
+    "training/n_groups_dropped/too_few_valid": "groups_too_few_valid_dropped",
     "training/staleness/n_groups_dropped": "groups_too_stale_dropped",
     "training/n_sample_dropped/marked": "rows_prompt_too_long",
     "training/n_call_rewards_unmatched": "call_rewards_naming_no_trainable_call",

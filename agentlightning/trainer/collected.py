@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentlightning.schemas import RolloutState
+from agentlightning.schemas import AttemptOutcome, RolloutState
 
 
 @dataclass(slots=True)
@@ -22,6 +22,7 @@ class CollectedRollout:
     index_in_group: int = 0
     error_message: str | None = None
     lost: bool = False  # the trainer stopped waiting for it and failed it itself
+    outcome: AttemptOutcome | None = None  # how its last attempt ended, as the Gateway recorded it
     input: Any = None
 
     @property

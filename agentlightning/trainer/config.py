@@ -287,6 +287,10 @@ class AgentLightningConfig:
     trace_aggregator: TraceAggregatorConfig = field(default_factory=TraceAggregatorConfig)
     reward_fillna_value: float = 0.0
     failed_rollouts: str = FailedRolloutPolicy.DROP.value  # checked into a FailedRolloutPolicy
+    # How each rollout outcome is trained: outcome -> rule, and min_group; checked by
+    # trainer/outcomes.py when the loop is made (docs/reliability.md). Infrastructure failures are
+    # never trained, whatever is set here.
+    outcomes: dict[str, Any] = field(default_factory=dict)
     stop_when_all_rollouts_fail: bool = True  # a step or validation whose every rollout failed stops the run
     max_ppo_update_times: int | None = None
     keep_partial_minibatch: bool = False

@@ -62,6 +62,7 @@ from agentlightning.trainer.failures import check_rollouts
 from agentlightning.trainer.gains import GainKeeper, Verdict
 from agentlightning.trainer.manager import RolloutManager
 from agentlightning.trainer.metrics import validation_metrics
+from agentlightning.trainer.outcomes import parse_outcome_policy, valid_for_validation
 from agentlightning.trainer.policies import policy_views, prefixed, shared_view
 from agentlightning.trainer.tracking import Tracker
 
@@ -141,6 +142,8 @@ class TrainingLoop:
                 "algorithm.filter_groups.enable with agentlightning.policies: dynamic sampling of "
                 "several policies is not implemented (a group may carry signal for one role only)"
             )
+        # Checked before anything starts: a bad rule is refused naming its key.
+        parse_outcome_policy(self.core.agl.outcomes, self.core.agl.failed_rollouts)
         self.loop: TrainerConfig = settings.trainer
         guard = self.loop.collapse_guard
         if guard.enable and guard.action == "rollback" and not self.loop.keep_best:
@@ -429,12 +432,21 @@ class TrainingLoop:
         rollouts, _ = manager.collect(self.val_dataset, self.step, is_train=False)
         self._say_failures(tracker, rollouts, f"step {self.step} validation")
         fill = self.core.agl.reward_fillna_value
+        # The infrastructure's failures measure it, not the policy (docs/reliability.md).
+        every = rollouts
+        rollouts, outcome_counts = valid_for_validation(every)
         if self.several:  # the task's (shared) reward unprefixed, each role's under policy/NAME/
             metrics = validation_metrics([shared_view(r) for r in rollouts], fill)
             for name in self.backends:
                 metrics.update(prefixed(name, validation_metrics(policy_views(rollouts, name), fill)))
         else:
             metrics = validation_metrics(rollouts, fill)
+        metrics.update(outcome_counts)
+        metrics["val/n_rollouts"] = len(every)  # the counts keep counting them all
+        metrics["val/n_rollouts_failed"] = sum(1 for r in every if r.failed)
+        metrics["val/n_rollouts_infrastructure_failed"] = len(every) - len(rollouts)
+        if not rollouts:  # every one failed by the infrastructure: nothing measured, nothing judged
+            metrics = {k: v for k, v in metrics.items() if not k.endswith("/reward")}
         metrics["timing/validation_s"] = time.perf_counter() - started
         self.history.append({"step": float(self.step), **metrics})
         if log_now:

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 import uuid
@@ -38,6 +39,7 @@ from agentlightning.client import (
 from agentlightning.log import get_logger
 from agentlightning.schemas import (
     MAX_BATCH_IDS,
+    AttemptOutcome,
     K8sRolloutConfig,
     LocalRolloutConfig,
     RolloutConfig,
@@ -51,6 +53,8 @@ from agentlightning.trainer.gcpause import gc_paused
 from agentlightning.trainer.hooks import HookRunner
 from agentlightning.trainer.publish import EndpointPublisher, update_together
 from agentlightning.wire import expand_prompt_refs
+
+OUTCOME_NAMES = frozenset(o.value for o in AttemptOutcome)  # a newer Gateway's other names: derived
 
 log = get_logger("trainer")
 
@@ -347,7 +351,7 @@ class RolloutManager:
                     for a in answers:
                         expand_prompt_refs(a["events"], lazy=True)
                 return [
-                    self._collected(item, a["events"], a.get("error_message"))
+                    self._collected(item, a["events"], a.get("error_message"), a.get("outcome"))
                     if a["found"]
                     else self._collected(item, [], DELETED_BEFORE_READ)
                     for item, a in zip(items, answers, strict=True)
@@ -365,7 +369,11 @@ class RolloutManager:
         return self._collected(item, events, error_message)
 
     def _collected(
-        self, item: TerminalItem, events: list[dict[str, Any]], error_message: str | None
+        self,
+        item: TerminalItem,
+        events: list[dict[str, Any]],
+        error_message: str | None,
+        outcome: str | None = None,
     ) -> CollectedRollout:
         p = self._pending[item.rollout_id]
         state = RolloutState(item.state)
@@ -381,6 +389,7 @@ class RolloutManager:
             error_message=error_message if state != RolloutState.SUCCEEDED else None,
             lost=p.lost,
             input=p.input,
+            outcome=AttemptOutcome(outcome) if outcome in OUTCOME_NAMES else None,
         )
 
     # Deletes free the Gateway's storage and nothing needs to wait for them. They are sent when
@@ -455,6 +464,12 @@ class RolloutManager:
                 vanished.append(TerminalItem(rollout_id=rollout_id, state=RolloutState.FAILED))
         for rollout_id, why in lost:
             try:
+                # The evidence first: the Gateway keeps it for the attempt the trainer gave up on.
+                with contextlib.suppress(NotFound, BadRequest):  # a v1.0 Gateway has no outcomes
+                    attempt = by_id[rollout_id].status.last_attempt_id
+                    self.client.report_outcome(
+                        rollout_id, attempt, AttemptOutcome.LOST, f"failed by the trainer: {why}"
+                    )
                 self.client.patch_rollout(
                     rollout_id, state=RolloutState.FAILED, error_message=f"failed by the trainer: {why}"
                 )
@@ -483,6 +498,7 @@ class RolloutManager:
                 index_in_group=p.index_in_group,
                 error_message="the rollout disappeared from the Gateway",
                 lost=True,
+                outcome=AttemptOutcome.LOST,
                 input=p.input,
             )
             self._finish_seq[p.rollout_id] = next(self._finish_counter)

@@ -170,3 +170,31 @@ class HostileAgent:
             ),
         }
         reward(1.0, tries=tries, key_prefix=os.environ["AGL_KEY"].split(".")[0])
+
+
+class NaiveAgent:
+    """A naive agent (docs/reliability.md): one model call, then what $BEHAVIOUR says. A model
+    call that fails is caught and reported as reward 0, as most agents do.
+
+    ok: reward 1; model_error: a second call (the question + " fail"), reward 0 when it fails;
+    exit: exit 1; silent: no reward; killed: SIGKILL itself, as the kernel's OOM killer does at
+    a memory limit (the local runner sets none: the signal is what the controller sees)."""
+
+    def _chat(self, content: str) -> int:
+        url = os.environ["AGL_OPENAI_BASE_URL"] + "/chat/completions"
+        return _call("POST", url, {"model": "m", "messages": [{"role": "user", "content": content}]})
+
+    def run(self) -> None:
+        behaviour = os.environ["BEHAVIOUR"]
+        question = os.environ.get("QUESTION", "what is two plus two")
+        if self._chat(question) != 200:
+            reward(0.0)
+            return
+        if behaviour == "model_error":
+            reward(1.0 if self._chat(question + " fail") == 200 else 0.0)
+        elif behaviour == "exit":
+            sys.exit(1)
+        elif behaviour == "killed":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif behaviour == "ok":
+            reward(1.0)

@@ -23,6 +23,9 @@ print("agent starting:", os.environ["QUESTION"], flush=True)
 if "/attempt/attempt-1-" in os.environ["AGL_EVENT_URL"]:
     time.sleep(float(os.environ.get("SLEEP_FIRST", "0")))
 time.sleep(float(os.environ.get("SLEEP", "0")))
+if int(os.environ.get("ALLOCATE_MB", "0")):  # past its memory limit: the OOM killer's
+    hog = b"x" * (int(os.environ["ALLOCATE_MB"]) << 20)  # written, so resident
+    time.sleep(60)
 code = int(os.environ.get("EXIT_CODE", "0"))
 if code:
     print("bad thing happened", file=sys.stderr, flush=True)
@@ -37,8 +40,13 @@ urllib.request.urlopen(request, timeout=30).read()
 """
 
 
-def job_template(image: str = "python:3.11-slim", container: str = "agent", extra_env: str = "") -> str:
+def job_template(
+    image: str = "python:3.11-slim", container: str = "agent", extra_env: str = "", memory_limit: str = ""
+) -> str:
     """A Job template as a user writes it (Jinja variables, the yaml_escape filter)."""
+    resources = (
+        f"\n        resources:\n          limits:\n            memory: {memory_limit}" if memory_limit else ""
+    )
     return f"""
 apiVersion: batch/v1
 kind: Job
@@ -54,7 +62,7 @@ spec:
     spec:
       containers:
       - name: {container}
-        image: {image}
+        image: {image}{resources}
         command: [{json.dumps(sys.executable)}, "-c", {json.dumps(AGENT_CODE)}]
         env:
         - name: QUESTION
@@ -65,6 +73,8 @@ spec:
           value: {{{{ input.sleep | default(0) | yaml_escape }}}}
         - name: SLEEP_FIRST
           value: {{{{ input.sleep_first | default(0) | yaml_escape }}}}
+        - name: ALLOCATE_MB
+          value: {{{{ input.allocate_mb | default(0) | yaml_escape }}}}
 {extra_env}"""
 
 

@@ -139,6 +139,24 @@ def test_agent_failure_reports_exit_code_and_log_tail_without_retry(client: Gate
     assert "BackoffLimitExceeded" in message and "container agent exited with code 3" in message
     assert "bad thing happened" in message and "agent starting: q" in message
     assert (status.last_attempt_id or "").startswith("attempt-1-")  # max_attempts=2, but not retried
+    assert outcomes(client, rollout_id) == {status.last_attempt_id: "agent_error"}
+
+
+def outcomes(client: GatewayClient, rollout_id: str) -> dict[str | None, str | None]:
+    """Each attempt's outcome, as the Gateway recorded it (docs/reliability.md)."""
+    return {a.attempt_id: a.outcome for a in client.get_rollout(rollout_id).attempt_details}
+
+
+def test_a_pod_oomkilled_at_its_memory_limit_is_pod_lost_retried_and_never_an_agent_error(
+    client: GatewayClient,
+) -> None:
+    """The container allocates 200 MB under a 64Mi limit: the double's OOM killer (the cgroup's)
+    kills it, the pod reports OOMKilled/137, and both attempts (max_attempts=2) are pod_lost."""
+    rollout_id = create(client, job_template(memory_limit="64Mi"), {"question": "q", "allocate_mb": 200})
+    status = wait_terminal(client, [rollout_id], timeout=60)[rollout_id].status
+    assert status.state == "failed"
+    assert "(OOMKilled)" in (status.error_message or "") and "code 137" in (status.error_message or "")
+    assert set(outcomes(client, rollout_id).values()) == {"pod_lost"}
 
 
 def test_invalid_job_spec_fails_with_the_api_message(client: GatewayClient) -> None:
@@ -228,6 +246,7 @@ def test_evicted_pod_is_retried_as_a_new_attempt(client: GatewayClient, cluster:
     assert [e.attempt_id for e in client.get_events(rollout_id, event_type="reward")] == [
         status.last_attempt_id
     ]
+    assert outcomes(client, rollout_id) == {first_attempt: "pod_lost", status.last_attempt_id: "ok"}
 
 
 def test_timeout_becomes_the_job_deadline(client: GatewayClient) -> None:
@@ -237,6 +256,7 @@ def test_timeout_becomes_the_job_deadline(client: GatewayClient) -> None:
     assert "timed out" in (status.error_message or "") and "activeDeadlineSeconds=1" in (
         status.error_message or ""
     )
+    assert outcomes(client, rollout_id) == {status.last_attempt_id: "timeout"}
 
 
 def test_restart_adopts_running_jobs_and_fails_lost_ones(tmp_path: Path, cluster: FakeKubernetes) -> None:

@@ -192,6 +192,10 @@ def test_classify_exit() -> None:
     segv = classify_exit(-signal.SIGSEGV, "")
     assert not segv.retryable and "crashed (SIGSEGV)" in (segv.message or "")
     assert classify_exit(None, "").retryable
+    # the outcome each is recorded as (docs/reliability.md): the agent's own failure, or a loss
+    kinds = [classify_exit(code, "").kind for code in (2, -signal.SIGSEGV, -signal.SIGKILL, None)]
+    assert kinds == ["agent_error", "agent_error", "sandbox_lost", "sandbox_lost"]
+    assert classify_exit(0, "").kind is None  # a success: the Gateway judges it by its reward
 
 
 def test_safe_names_cannot_escape_the_log_directory() -> None:

@@ -14,6 +14,9 @@ of containers:
   terminated state, the pod phase, and the Job status: `active`, `succeeded`/`failed`,
   `startTime`, `completionTime`, conditions `SuccessCriteriaMet`+`Complete` or
   `FailureTarget`+`Failed` (reason `BackoffLimitExceeded`), with `backoffLimit` retries.
+* `resources.limits.memory` is the kernel's cgroup limit: a container process whose resident
+  memory passes it is killed with SIGKILL and terminated with reason `OOMKilled`, exit code 137
+  (its memory is read from /proc every 20 ms: a spike shorter than that can slip through).
 * `activeDeadlineSeconds` stops the pod (SIGTERM, then SIGKILL after the grace period) and
   fails the Job with reason `DeadlineExceeded`. `ttlSecondsAfterFinished` deletes it later.
 * An image whose registry host ends in `.invalid` cannot be pulled: the container waits in
@@ -39,7 +42,7 @@ What a real cluster can still do differently (not reproduced here):
   restartPolicy, a few numeric fields, env value types); unknown fields are kept here, silently
   dropped by a real server.
 * Containers: only the first container runs, only with an explicit `command`; no image
-  entrypoints, init containers, sidecars, volumes, resource limits (no OOMKilled), Secrets or
+  entrypoints, init containers, sidecars, volumes, resource limits other than memory, Secrets or
   ConfigMaps (any reference to one is "not found"), no service-link environment.
 * Timing: the real Job controller updates status seconds later, tracks pods with finalizers and
   deletes pods after their grace period (30 s by default; here --grace). Foreground deletion
@@ -89,6 +92,37 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+_QUANTITY = re.compile(r"^(\d+)(Ki|Mi|Gi|K|M|G)?$")
+_UNITS = {None: 1, "K": 10**3, "M": 10**6, "G": 10**9, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+OOM_CHECK_S = 0.02
+
+
+def memory_bytes(quantity: Any) -> int | None:
+    """A memory quantity (`64Mi`, `100M`, `1048576`) in bytes; None when absent or not understood."""
+    match = _QUANTITY.match(str(quantity)) if quantity is not None else None
+    return int(match.group(1)) * _UNITS[match.group(2)] if match else None
+
+
+def resident_bytes(pid: int) -> int:
+    """The process's resident memory, from /proc (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+async def oom_killer(pid: int, limit: int) -> bool:
+    """The cgroup's OOM killer: SIGKILL the container's processes once its memory passes `limit`."""
+    while True:
+        if resident_bytes(pid) > limit:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            return True
+        await asyncio.sleep(OOM_CHECK_S)
 
 
 def _now_iso(at: float | None = None) -> str:
@@ -647,7 +681,12 @@ class FakeCluster:
         self._set_job_status(job_key, ready=1)
         exited = asyncio.create_task(proc.wait())
         stopped = asyncio.create_task(self._wait_stop(pod_key, deadline_at))
+        limit = memory_bytes(((container.get("resources") or {}).get("limits") or {}).get("memory"))
+        oom = asyncio.create_task(oom_killer(proc.pid, limit)) if limit else None
         await asyncio.wait({exited, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        oom_killed = oom is not None and oom.done()
+        if oom is not None:
+            oom.cancel()
         if not exited.done():
             result = stopped.result()
             await self._kill(pod_key)
@@ -665,7 +704,7 @@ class FakeCluster:
         finished = _now_iso()
         terminated = {
             "exitCode": code if code >= 0 else 128 - code,
-            "reason": "Completed" if code == 0 else "Error",
+            "reason": "OOMKilled" if oom_killed else "Completed" if code == 0 else "Error",
             "startedAt": started,
             "finishedAt": finished,
         }

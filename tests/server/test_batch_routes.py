@@ -145,7 +145,7 @@ def test_calls_stored_as_deltas_read_back_byte_for_byte_on_every_route(gateway):
     assert triplet == expected(triplet, triplets)
     assert (
         batch["raw"]
-        == b'[{"rollout_id":"long","found":true,"state":"running","error_message":null,"events":'
+        == b'[{"rollout_id":"long","found":true,"state":"running","error_message":null,"outcome":null,"events":'
         + raw
         + b"}]"
     )

@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from agentlightning.schemas import (
+    AttemptOutcome,
     IllegalTransition,
     MetricPoint,
     Model,
@@ -288,6 +289,83 @@ async def test_sqlite_persists_across_reopen_and_refuses_a_second_owner(tmp_path
         await s2.close()
 
 
+async def test_an_attempt_keeps_the_strongest_outcome_reported_and_loses_it_with_its_rollout(
+    store: Store,
+) -> None:
+    await store.create_rollouts([rollout("a"), rollout("b")])
+    ok = await store.record_outcome("a", "t1", AttemptOutcome.OK, None, 1.0)
+    assert ok == (AttemptOutcome.OK, None)
+    # stronger evidence replaces weaker, in whichever order it comes; weaker never replaces stronger
+    lost = await store.record_outcome("a", "t1", AttemptOutcome.POD_LOST, "OOMKilled", 2.0)
+    assert lost == (AttemptOutcome.POD_LOST, "OOMKilled")
+    assert await store.record_outcome("a", "t1", AttemptOutcome.AGENT_ERROR, "exit 1", 3.0) == lost
+    await store.record_outcome("a", "t2", AttemptOutcome.NO_REWARD, "none", 4.0)
+    await store.record_outcome("b", "", AttemptOutcome.LOST, "trainer", 4.0)
+    assert await store.list_outcomes(["a", "b", "nope"]) == {
+        ("a", "t1"): (AttemptOutcome.POD_LOST, "OOMKilled"),
+        ("a", "t2"): (AttemptOutcome.NO_REWARD, "none"),
+        ("b", ""): (AttemptOutcome.LOST, "trainer"),
+    }
+    assert await store.list_outcomes([]) == {}
+    with pytest.raises(RolloutNotFound):
+        await store.record_outcome("nope", "t1", AttemptOutcome.OK, None, 1.0)
+    await store.delete_rollout("a")
+    assert await store.list_outcomes(["a"]) == {}
+
+
+async def test_concurrent_outcome_reports_leave_the_strongest(store: Store) -> None:
+    await store.create_rollouts([rollout("a")])
+    await asyncio.gather(
+        *(store.record_outcome("a", "t1", o, o.value, 1.0) for o in reversed(list(AttemptOutcome)))
+    )
+    assert await store.list_outcomes(["a"]) == {("a", "t1"): (AttemptOutcome.POD_LOST, "pod_lost")}
+
+
+async def test_outcomes_are_shared_by_postgres_replicas_and_survive_a_restart() -> None:
+    url = postgres.new_database()
+    a, b = store_from_url(url), store_from_url(url)
+    await a.open()
+    await b.open()
+    try:
+        await a.create_rollouts([rollout("r")])
+        await a.record_outcome("r", "t1", AttemptOutcome.MODEL_UNAVAILABLE, "503", 1.0)
+        # the other replica's weaker evidence (the end it saw) does not replace it
+        assert await b.record_outcome("r", "t1", AttemptOutcome.OK, None, 2.0) == (
+            AttemptOutcome.MODEL_UNAVAILABLE,
+            "503",
+        )
+    finally:
+        await a.close()
+        await b.close()
+    again = store_from_url(url)
+    await again.open()
+    try:
+        assert await again.list_outcomes(["r"]) == {("r", "t1"): (AttemptOutcome.MODEL_UNAVAILABLE, "503")}
+    finally:
+        await again.close()
+
+
+async def test_a_version_3_sqlite_file_gets_the_outcome_table(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "g.db"
+    s = SqliteStore(path)
+    await s.open()
+    await s.create_rollouts([rollout("a")])
+    await s.close()
+    conn = sqlite3.connect(path)  # the file as a Gateway of schema 3 left it
+    conn.executescript("DROP TABLE attempt_outcomes; PRAGMA user_version=3;")
+    conn.close()
+    s = SqliteStore(path)
+    await s.open()
+    try:
+        assert await s.list_outcomes(["a"]) == {}
+        await s.record_outcome("a", "t1", AttemptOutcome.TIMEOUT, None, 1.0)
+        assert await s.list_outcomes(["a"]) == {("a", "t1"): (AttemptOutcome.TIMEOUT, None)}
+    finally:
+        await s.close()
+
+
 async def test_a_version_2_sqlite_file_gets_the_dashboard_tables(tmp_path: Path) -> None:
     import sqlite3
 
@@ -385,6 +463,8 @@ async def test_a_version_1_postgres_schema_is_migrated_to_the_dashboard_tables()
         assert [h["version"] for h in await store.status_history("old")] == [2]
         await store.add_run_points("exp", [MetricPoint(step=1, metrics={"a": 1.0})])
         assert [r.run_id for r in await store.list_runs()] == ["exp"]
+        await store.record_outcome("old", "t1", AttemptOutcome.SANDBOX_LOST, None, 1.0)  # migration 3
+        assert await store.list_outcomes(["old"]) == {("old", "t1"): (AttemptOutcome.SANDBOX_LOST, None)}
     finally:
         await store.close()
 

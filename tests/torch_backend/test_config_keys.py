@@ -176,3 +176,11 @@ def test_rollout_correction_without_recomputed_old_log_probs_fails() -> None:
 def test_v1_loss_mode_per_rollout_mean_is_the_vanilla_loss() -> None:
     cfg = _with(_train_yaml(), "actor_rollout_ref.actor.policy_loss.loss_mode", "per_rollout_mean")
     assert load_torch_backend_config(cfg).actor.policy_loss.loss_mode == "vanilla"
+
+
+def test_outcome_rules_are_the_cores_to_check_not_unknown_keys() -> None:
+    """`agentlightning.outcomes` holds outcome names below it (docs/reliability.md): the key check
+    passes them on; trainer/outcomes.py refuses a bad one when the loop is made."""
+    cfg = _with(_train_yaml(), "agentlightning.outcomes.no_reward", {"action": "fail", "max_share": 0.2})
+    cfg = _with(cfg, "agentlightning.outcomes.min_group", 3)
+    assert check_torch_keys(cfg) == {}

@@ -338,6 +338,14 @@ def test_async_mode_publishes_while_agents_call_and_no_call_fails(
         ),
         (["agentlightning.rollout_timout_seconds=5"], "agentlightning.rollout_timout_seconds"),
         (["trainer.log_level=loud"], "trainer.log_level must be one of"),
+        (
+            ["agentlightning.outcomes.pod_lost=keep"],
+            "agentlightning.outcomes.pod_lost: pod_lost is an infrastructure",
+        ),
+        (
+            ["agentlightning.outcomes.no_reward=retry"],
+            "agentlightning.outcomes.no_reward.action: unknown action",
+        ),
     ],
 )
 def test_agl_train_exits_2_naming_the_bad_key(args: list[str], message: str) -> None:

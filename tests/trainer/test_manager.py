@@ -171,9 +171,13 @@ def test_lost_rollout_messages_say_why(gateway):
         assert manager.wait(lambda: manager.is_done(running) and manager.is_done(queued), timeout=30)
         got = {r.rollout_id: r for r in manager.take([running, queued])}
         messages = {rid: manager.client.get_rollout(rid).rollout.status.error_message for rid in got}
+        lost_attempt = manager.client.get_rollout(running).attempt_details
     assert "running for over 1s" in messages[running]
     assert "no rollout finished" in messages[queued]
     assert all(r.error_message == messages[r.rollout_id] for r in got.values())
+    # recorded as the trainer's evidence (docs/reliability.md), for the attempt it gave up on
+    assert all(r.outcome == "lost" for r in got.values())
+    assert [(a.attempt_id, a.outcome) for a in lost_attempt] == [("a1", "lost")]
 
 
 def test_a_rollout_deleted_behind_the_trainers_back_is_reported_lost(gateway):

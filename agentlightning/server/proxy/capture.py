@@ -7,6 +7,7 @@ from typing import Any
 
 from agentlightning.schemas import EVENT_MODEL_REQUEST, Model
 from agentlightning.server.events import UnencodableEvent, make_record
+from agentlightning.server.outcomes import record_call_outcome
 from agentlightning.server.store import Store
 
 ERROR_TEXT_LIMIT = 2000
@@ -97,4 +98,7 @@ class CallRecord:
             record = make_record(
                 self.rollout_id, self.attempt_id, EVENT_MODEL_REQUEST, self.data, self.timestamp
             )
-        return await store.append_event(record)
+        sequence = await store.append_event(record)
+        # A call that failed for the agent may be evidence of how its attempt ends.
+        await record_call_outcome(store, self.rollout_id, self.attempt_id, self.data)
+        return sequence

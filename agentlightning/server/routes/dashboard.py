@@ -226,6 +226,7 @@ async def rollout_detail(rollout_id: str, state: State) -> dict[str, Any]:
     if rollout is None:
         raise RolloutNotFound(rollout_id)
     attempts = await state.store.list_attempts(rollout_id)
+    outcomes = await state.store.list_outcomes([rollout_id])
     events = await _events(state, rollout, "data")
     triplets = await _events(state, rollout, "triplet")
     return {
@@ -237,6 +238,9 @@ async def rollout_detail(rollout_id: str, state: State) -> dict[str, Any]:
                 "n_events": a.n_events,
                 "first_event_at": a.first_event_at,
                 "last_event_at": a.last_event_at,
+                # how it ended (docs/reliability.md): outcome and what showed it
+                "outcome": (outcomes.get((rollout_id, a.attempt_id)) or (None, None))[0],
+                "outcome_detail": (outcomes.get((rollout_id, a.attempt_id)) or (None, None))[1],
             }
             for a in attempts
         ],

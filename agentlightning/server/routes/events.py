@@ -21,6 +21,7 @@ from agentlightning.schemas import (
     now,
 )
 from agentlightning.server.events import UnencodableEvent, appended_event, make_record, render_events
+from agentlightning.server.outcomes import attempt_key
 from agentlightning.server.state import GatewayState, state_dependency
 from agentlightning.server.store import RolloutNotFound, StoredEvent
 from agentlightning.server.store.delta import View
@@ -131,6 +132,7 @@ async def batch_events(body: BatchEventsQuery, state: State) -> Response:
     cost more than the reads themselves. An unknown id answers `found: false`."""
     view: View = "data" if body.format == "raw" else body.format
     parts: list[bytes] = []
+    outcomes = await state.store.list_outcomes(body.rollout_ids)
     for rollout_id in body.rollout_ids:
         rollout = await state.store.get_rollout(rollout_id)
         if rollout is None:
@@ -144,6 +146,7 @@ async def batch_events(body: BatchEventsQuery, state: State) -> Response:
                 "found": True,
                 "state": rollout.status.state.value,
                 "error_message": rollout.status.error_message,
+                "outcome": (outcomes.get((rollout_id, attempt_key(rollout))) or (None,))[0],
             }
         )
         parts.append(head[:-1] + b',"events":' + render_events(events, view, routes) + b"}")

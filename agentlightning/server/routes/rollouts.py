@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Path, Query, Response
 
 from agentlightning.schemas import (
+    ID_PATTERN,
     Attempt,
+    AttemptOutcomeState,
     BatchDeleted,
+    OutcomeReport,
     Rollout,
     RolloutConfig,
     RolloutCreate,
@@ -23,6 +26,7 @@ from agentlightning.schemas import (
     TerminalPage,
     now,
 )
+from agentlightning.server.outcomes import finish_attempt
 from agentlightning.server.state import GatewayState, state_dependency
 from agentlightning.server.store import RolloutNotFound
 
@@ -40,6 +44,10 @@ LONG_POLL_HEADER = "X-Agl-Long-Poll"
 # Pages are capped at this many rows; a larger `limit` is clamped, never refused (v1.0 accepts any).
 MAX_PAGE = 10000
 Limit = Annotated[int, Query(description=f"page size; values above {MAX_PAGE} are clamped to {MAX_PAGE}")]
+
+
+PathId = Annotated[str, Path(pattern=ID_PATTERN)]
+NO_ATTEMPT = "-"  # the attempt segment of a rollout failed before any attempt started
 
 
 def clamp_limit(limit: int, least: int) -> int:
@@ -112,19 +120,29 @@ async def get_rollout(rollout_id: str, state: State) -> RolloutDetail:
     if rollout is None:
         raise RolloutNotFound(rollout_id)
     stats = await state.store.list_attempts(rollout_id)
+    outcomes = await state.store.list_outcomes([rollout_id])
+
+    def outcome_fields(attempt_id: str) -> dict[str, Any]:
+        held = outcomes.get((rollout_id, attempt_id))
+        return {} if held is None else {"outcome": held[0], "outcome_detail": held[1]}
+
     attempts = [
         Attempt(
             attempt_id=s.attempt_id,
             n_events=s.n_events,
             first_event_at=s.first_event_at,
             last_event_at=s.last_event_at,
+            **outcome_fields(s.attempt_id),
         )
         for s in stats
     ]
     ids = [a.attempt_id for a in attempts]  # as v1.0: the attempts that have events
+    for _, attempt_id in outcomes:  # started, nothing recorded yet (the last, or retried ones)
+        if attempt_id and attempt_id not in ids:
+            attempts.append(Attempt(attempt_id=attempt_id, n_events=0, **outcome_fields(attempt_id)))
     last = rollout.status.last_attempt_id
-    if last is not None and last not in ids:
-        attempts.append(Attempt(attempt_id=last, n_events=0))  # started, nothing recorded yet
+    if last is not None and last not in {a.attempt_id for a in attempts}:
+        attempts.append(Attempt(attempt_id=last, n_events=0))
     return RolloutDetail(rollout=rollout, attempts=ids, attempt_details=attempts)
 
 
@@ -136,10 +154,25 @@ async def patch_rollout(rollout_id: str, body: RolloutPatch, state: State) -> Ro
             raise RolloutNotFound(rollout_id)
         return current
     updated = await state.store.patch_rollout(rollout_id, body.status, now())
-    state.rollout_changes.notify()
     if updated.status.state.is_terminal and body.status.state is not None:
+        # Before the trainer can see it finished: its outcome is there when it reads it.
+        await finish_attempt(state.store, updated)
         state.terminal_changes.notify()
+    state.rollout_changes.notify()
     return updated
+
+
+@router.put("/{rollout_id}/attempts/{attempt_id}/outcome", response_model=AttemptOutcomeState)
+async def report_outcome(
+    rollout_id: PathId, attempt_id: PathId, body: OutcomeReport, state: State
+) -> AttemptOutcomeState:
+    """Evidence of how an attempt ended (an addition over v1.0; controller or admin key): the
+    Controller's (the process's or pod's end, a timeout) and the trainer's (`lost`). The attempt
+    keeps the strongest evidence reported (docs/reliability.md); the answer says which it holds.
+    `attempt_id` `-` stands for a rollout that never started an attempt."""
+    key = "" if attempt_id == NO_ATTEMPT else attempt_id
+    outcome, detail = await state.store.record_outcome(rollout_id, key, body.outcome, body.detail, now())
+    return AttemptOutcomeState(rollout_id=rollout_id, attempt_id=key, outcome=outcome, detail=detail)
 
 
 @router.post("/batch/delete", response_model=BatchDeleted)

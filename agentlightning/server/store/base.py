@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agentlightning.schemas import (
+    AttemptOutcome,
     MetricPoint,
     Model,
     Rollout,
@@ -64,6 +65,16 @@ class EventRecord:
 class StoredEvent:
     sequence: int
     record: EventRecord
+
+
+Outcome = tuple[AttemptOutcome, str | None]  # an attempt's outcome and what showed it
+
+
+def stronger(current: Outcome | None, outcome: AttemptOutcome, detail: str | None) -> Outcome:
+    """What an attempt holds after evidence `outcome`: it, unless what it held is as strong."""
+    if current is not None and current[0].rank >= outcome.rank:
+        return current
+    return outcome, detail
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +231,19 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def list_attempts(self, rollout_id: str) -> list[AttemptStats]:
         """The rollout's attempts that have events, sorted by their first event."""
+
+    # attempt outcomes (docs/reliability.md): the strongest evidence recorded for each attempt
+    @abc.abstractmethod
+    async def record_outcome(
+        self, rollout_id: str, attempt_id: str, outcome: AttemptOutcome, detail: str | None, now: float
+    ) -> tuple[AttemptOutcome, str | None]:
+        """Record evidence of how an attempt ended; it replaces what the attempt holds only when
+        stronger (`AttemptOutcome.rank`), atomically, so that replicas reporting at once agree.
+        Returns what the attempt holds now. Raises RolloutNotFound."""
+
+    @abc.abstractmethod
+    async def list_outcomes(self, rollout_ids: Collection[str]) -> dict[tuple[str, str], Outcome]:
+        """`(rollout_id, attempt_id) -> (outcome, detail)` of these rollouts' attempts that have one."""
 
     # model endpoints
     @abc.abstractmethod

@@ -19,6 +19,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from agentlightning.schemas import (
+    AttemptOutcome,
     MetricPoint,
     Model,
     Rollout,
@@ -32,12 +33,14 @@ from agentlightning.server.store.base import (
     MAX_STATUS_CHANGES,
     AttemptStats,
     EventRecord,
+    Outcome,
     RolloutNotFound,
     Store,
     StoredEvent,
     apply_patch,
     group_id_of,
     status_change,
+    stronger,
 )
 from agentlightning.server.store.delta import CallDraft, CallIndex, View, materialize
 from agentlightning.server.store.runs import RunMetricsTable
@@ -70,6 +73,7 @@ class MemoryStore(Store):
         self._calls = CallIndex()
         self._routes: dict[str, dict[int, bytes]] = {}  # rollout -> event sequence -> routes JSON
         self._history: dict[str, list[dict[str, Any]]] = {}
+        self._outcomes: dict[str, dict[str, Outcome]] = {}  # rollout -> attempt -> outcome
         self._finish_times: deque[float] = deque(maxlen=FINISH_TIMES)
         self._runs = RunMetricsTable()
         self._freed_bytes = 0  # payload bytes deleted since the last malloc_trim
@@ -132,6 +136,7 @@ class MemoryStore(Store):
         events = self._events.pop(rollout_id, None) or ()
         self._routes.pop(rollout_id, None)
         self._history.pop(rollout_id, None)
+        self._outcomes.pop(rollout_id, None)
         self._freed_bytes += sum(len(e.record.data) + len(e.record.triplet or b"") for e in events)
         if self._freed_bytes >= TRIM_AFTER_BYTES:
             self._give_back_memory()
@@ -230,6 +235,22 @@ class MemoryStore(Store):
                     r.attempt_id, s.n_events + 1, s.first_event_at, max(s.last_event_at, r.timestamp)
                 )
         return list(stats.values())  # dict order is first-event order
+
+    async def record_outcome(
+        self, rollout_id: str, attempt_id: str, outcome: AttemptOutcome, detail: str | None, now: float
+    ) -> Outcome:
+        if rollout_id not in self._rollouts:
+            raise RolloutNotFound(rollout_id)
+        attempts = self._outcomes.setdefault(rollout_id, {})
+        held = attempts[attempt_id] = stronger(attempts.get(attempt_id), outcome, detail)
+        return held
+
+    async def list_outcomes(self, rollout_ids: Collection[str]) -> dict[tuple[str, str], Outcome]:
+        return {
+            (rollout_id, attempt_id): held
+            for rollout_id in rollout_ids
+            for attempt_id, held in self._outcomes.get(rollout_id, {}).items()
+        }
 
     async def upsert_models(self, models: list[Model]) -> list[Model]:
         for m in models:

@@ -26,6 +26,7 @@ import orjson
 
 from agentlightning.log import get_logger
 from agentlightning.schemas import (
+    AttemptOutcome,
     MetricPoint,
     Model,
     Rollout,
@@ -42,6 +43,7 @@ from agentlightning.server.store.base import (
     RUN_KEYS_FROM,
     AttemptStats,
     EventRecord,
+    Outcome,
     RolloutNotFound,
     Store,
     StoredEvent,
@@ -136,6 +138,18 @@ MIGRATIONS: list[str] = [
         at double precision NOT NULL,
         metrics bytea NOT NULL,                    -- {name: value} as JSON
         PRIMARY KEY (run_id, step)
+    );
+    """,
+    # 3: how each attempt ended (docs/reliability.md)
+    """
+    CREATE TABLE attempt_outcomes (
+        rollout_id text NOT NULL REFERENCES rollouts(rollout_id) ON DELETE CASCADE,
+        attempt_id text NOT NULL,
+        outcome text NOT NULL,
+        strength integer NOT NULL,                 -- AttemptOutcome.rank: stronger replaces weaker
+        detail text,
+        at double precision NOT NULL,
+        PRIMARY KEY (rollout_id, attempt_id)
     );
     """,
 ]
@@ -628,6 +642,48 @@ class PostgresStore(Store):
             lambda c: c.fetch("SELECT seq, body FROM routes WHERE rollout_id=$1", rollout_id)
         )
         return {r[0]: bytes(r[1]) for r in rows}
+
+    async def record_outcome(
+        self, rollout_id: str, attempt_id: str, outcome: AttemptOutcome, detail: str | None, now: float
+    ) -> Outcome:
+        async def op(conn: asyncpg.Connection) -> Outcome:
+            try:
+                # One statement: replicas reporting at once leave the strongest evidence.
+                await conn.execute(
+                    "INSERT INTO attempt_outcomes(rollout_id, attempt_id, outcome, strength, detail, at) "
+                    "VALUES ($1,$2,$3,$4,$5,$6) ON CONFLICT (rollout_id, attempt_id) DO UPDATE SET "
+                    "outcome=excluded.outcome, strength=excluded.strength, detail=excluded.detail, "
+                    "at=excluded.at WHERE excluded.strength > attempt_outcomes.strength",
+                    rollout_id,
+                    attempt_id,
+                    outcome.value,
+                    outcome.rank,
+                    detail,
+                    now,
+                )
+            except asyncpg.ForeignKeyViolationError:
+                raise RolloutNotFound(rollout_id) from None
+            row = await conn.fetchrow(
+                "SELECT outcome, detail FROM attempt_outcomes WHERE rollout_id=$1 AND attempt_id=$2",
+                rollout_id,
+                attempt_id,
+            )
+            return AttemptOutcome(row[0]), row[1]
+
+        return await self._write(op)
+
+    async def list_outcomes(self, rollout_ids: Collection[str]) -> dict[tuple[str, str], Outcome]:
+        ids = list(rollout_ids)
+        if not ids:
+            return {}
+        rows = await self._read(
+            lambda c: c.fetch(
+                "SELECT rollout_id, attempt_id, outcome, detail FROM attempt_outcomes "
+                "WHERE rollout_id = ANY($1::text[])",
+                ids,
+            )
+        )
+        return {(r[0], r[1]): (AttemptOutcome(r[2]), r[3]) for r in rows}
 
     async def list_attempts(self, rollout_id: str) -> list[AttemptStats]:
         rows = await self._read(

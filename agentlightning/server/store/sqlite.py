@@ -26,6 +26,7 @@ import orjson
 
 from agentlightning.log import get_logger
 from agentlightning.schemas import (
+    AttemptOutcome,
     MetricPoint,
     Model,
     Rollout,
@@ -42,6 +43,7 @@ from agentlightning.server.store.base import (
     RUN_KEYS_FROM,
     AttemptStats,
     EventRecord,
+    Outcome,
     RolloutNotFound,
     Store,
     StoredEvent,
@@ -53,8 +55,9 @@ from agentlightning.server.store.delta import CallDraft, CallIndex, View, materi
 from agentlightning.server.store.runs import metric_points, run_summaries
 
 T = TypeVar("T")
-# 2: events.call (model calls stored as deltas, store/delta.py); 3: status_changes, runs, run_points
-SCHEMA_VERSION = 3
+# 2: events.call (model calls stored as deltas, store/delta.py); 3: status_changes, runs, run_points;
+# 4: attempt_outcomes
+SCHEMA_VERSION = 4
 MAX_BATCH = 1024
 CHECKPOINT_INTERVAL_S = 0.5
 CHECKPOINT_BUSY_MS = 1000  # longest a TRUNCATE checkpoint holds writers back
@@ -118,7 +121,23 @@ CREATE TABLE IF NOT EXISTS run_points (      -- training runs' metrics, one row 
     metrics BLOB NOT NULL,                   -- {name: value} as JSON
     PRIMARY KEY (run_id, step)
 );
+CREATE TABLE IF NOT EXISTS attempt_outcomes (  -- how each attempt ended (docs/reliability.md)
+    rollout_id TEXT NOT NULL REFERENCES rollouts(rollout_id) ON DELETE CASCADE,
+    attempt_id TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    strength INTEGER NOT NULL,               -- AttemptOutcome.rank: stronger evidence replaces weaker
+    detail TEXT,
+    at REAL NOT NULL,
+    PRIMARY KEY (rollout_id, attempt_id)
+);
 """
+# Evidence replaces what an attempt holds only when stronger: one statement, so atomic.
+UPSERT_OUTCOME = (
+    "INSERT INTO attempt_outcomes(rollout_id, attempt_id, outcome, strength, detail, at) VALUES (?,?,?,?,?,?) "
+    "ON CONFLICT(rollout_id, attempt_id) DO UPDATE SET outcome=excluded.outcome, "
+    "strength=excluded.strength, detail=excluded.detail, at=excluded.at "
+    "WHERE excluded.strength > attempt_outcomes.strength"
+)
 INSERT_STATUS_CHANGE = (
     "INSERT OR IGNORE INTO status_changes(rollout_id, version, state, at, attempt_id, error_message) "
     "VALUES (?,?,?,?,?,?)"
@@ -132,6 +151,7 @@ class StoreLocked(RuntimeError):
 EVENT_COLUMNS = "seq, rollout_id, attempt_id, event_type, ts, data, triplet, prompt_key, call"
 INSERT_EVENT = f"INSERT INTO events({EVENT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)"
 EVENTS_PER_STATEMENT = 100  # 900 parameters: under any SQLite's limit (999)
+IDS_PER_STATEMENT = 900
 
 
 class _Writer(threading.Thread):
@@ -424,7 +444,7 @@ class SqliteStore(Store):
             has_tables = init.execute("SELECT count(*) FROM sqlite_master WHERE name='rollouts'").fetchone()[
                 0
             ]
-            if has_tables and version not in (1, 2, SCHEMA_VERSION):
+            if has_tables and version not in (1, 2, 3, SCHEMA_VERSION):
                 raise RuntimeError(
                     f"{self.path} has store schema version {version}, this Gateway needs {SCHEMA_VERSION}"
                 )
@@ -707,6 +727,41 @@ class SqliteStore(Store):
             ).fetchall()
         )
         return [AttemptStats(*r) for r in rows]
+
+    async def record_outcome(
+        self, rollout_id: str, attempt_id: str, outcome: AttemptOutcome, detail: str | None, now: float
+    ) -> Outcome:
+        def op(conn: sqlite3.Connection) -> Outcome:
+            try:
+                conn.execute(
+                    UPSERT_OUTCOME, (rollout_id, attempt_id, outcome.value, outcome.rank, detail, now)
+                )
+            except sqlite3.IntegrityError:
+                raise RolloutNotFound(rollout_id) from None
+            held, held_detail = conn.execute(
+                "SELECT outcome, detail FROM attempt_outcomes WHERE rollout_id=? AND attempt_id=?",
+                (rollout_id, attempt_id),
+            ).fetchone()
+            return AttemptOutcome(held), held_detail
+
+        return await self._write(op, savepoint=True)
+
+    async def list_outcomes(self, rollout_ids: Collection[str]) -> dict[tuple[str, str], Outcome]:
+        ids = list(rollout_ids)
+
+        def op(c: sqlite3.Connection) -> list[Any]:
+            rows: list[Any] = []
+            for start in range(0, len(ids), IDS_PER_STATEMENT):
+                chunk = ids[start : start + IDS_PER_STATEMENT]
+                rows += c.execute(
+                    "SELECT rollout_id, attempt_id, outcome, detail FROM attempt_outcomes "
+                    f"WHERE rollout_id IN ({','.join('?' * len(chunk))})",
+                    chunk,
+                ).fetchall()
+            return rows
+
+        rows = await self._read(op) if ids else []
+        return {(r[0], r[1]): (AttemptOutcome(r[2]), r[3]) for r in rows}
 
     # --- models ---------------------------------------------------------------------------
 

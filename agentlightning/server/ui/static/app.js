@@ -307,8 +307,9 @@ async function rolloutPage(id) {
         .map((c) => h("tr", {}, h("td", {}, c.version), h("td", {}, badge(c.state)), h("td", {}, fmt.time(c.at)), h("td", { class: "mono" }, c.attempt_id ?? "–"), h("td", {}, c.error_message ?? ""))))),
     h("h3", {}, "Attempts"),
     d.attempts.length === 0 ? h("p", { class: "muted" }, "No attempt recorded anything yet.") :
-      h("table", { id: "attempts" }, h("thead", {}, h("tr", {}, ["attempt", "events", "first event", "last event"].map((t) => h("th", {}, t)))),
-        h("tbody", {}, d.attempts.map((a) => h("tr", {}, h("td", { class: "mono" }, a.attempt_id), h("td", {}, a.n_events), h("td", {}, fmt.time(a.first_event_at)), h("td", {}, fmt.time(a.last_event_at)))))));
+      h("table", { id: "attempts" }, h("thead", {}, h("tr", {}, ["attempt", "events", "first event", "last event", "outcome"].map((t) => h("th", {}, t)))),
+        h("tbody", {}, d.attempts.map((a) => h("tr", {}, h("td", { class: "mono" }, a.attempt_id), h("td", {}, a.n_events), h("td", {}, fmt.time(a.first_event_at)), h("td", {}, fmt.time(a.last_event_at)),
+          h("td", { class: "outcome", title: a.outcome_detail ?? "" }, a.outcome ?? "–"))))));
   const rewards = d.rewards.map((e) => h("div", { class: "msg answer reward-event" }, h("div", { class: "role" }, `reward · ${fmt.time(e.timestamp)}`), h("pre", {}, fmt.json(e.data))));
   const conversation = h("div", { class: "card", id: "conversation" }, h("h3", {}, "Conversation (last attempt)"),
     d.calls.length === 0 ? h("p", { class: "muted" }, "No model call recorded.") : d.calls.map(callCard),
