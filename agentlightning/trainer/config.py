@@ -14,7 +14,6 @@ a `ConfigError` that names the key.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping
@@ -27,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from agentlightning.aggregation import AggregationLevel
+from agentlightning.config.suggest import did_you_mean
 from agentlightning.log import get_logger
 
 log = get_logger("trainer_config")
@@ -140,15 +140,6 @@ def leaf_items(cfg: Any, prefix: str = "", maps: Collection[str] = ()) -> Iterat
             yield from leaf_items(value, f"{path}.", maps)
         else:
             yield path, value
-
-
-def did_you_mean(key: str, known: Collection[str]) -> str:
-    parent = key.rpartition(".")[0]
-    siblings = [k for k in known if k.rpartition(".")[0] == parent]
-    close = difflib.get_close_matches(key, siblings, n=1, cutoff=0.75) or difflib.get_close_matches(
-        key, list(known), n=1, cutoff=0.85
-    )
-    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def check_keys(
