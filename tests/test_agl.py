@@ -122,6 +122,7 @@ def test_init_then_train_with_nothing_else_running(tmp_path: Path) -> None:
     assert all(_gone(pid) for pid in pids)
     assert _processes_in(tmp_path / "my_agent") == []
     assert "failed" not in train.stderr  # every rollout of the starter ran
+    assert "HTTP Request" not in train.stderr  # the console at the default level: no line per request
 
 
 @pytest.mark.slow
