@@ -154,3 +154,68 @@ def test_sigterm_stops_what_agl_train_started(tmp_path: Path) -> None:
     while _processes_in(tmp_path / "my_agent") and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _processes_in(tmp_path / "my_agent") == []
+
+
+def _train(folder: Path, *overrides: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*AGL, "train", "my_agent/config.yaml", *overrides],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+BROKEN_RUN = 'raise RuntimeError("the tool server is down")  # a bug of the agent\n        answer = solve('
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("override", "edit", "cause"),
+    [
+        ("agentlightning.local.agent_class=my_agnet:Agent", None, "No module named 'my_agnet'"),
+        (None, ("answer = solve(", BROKEN_RUN), "RuntimeError: the tool server is down"),
+    ],
+    ids=["bad-module-path", "agent-raises"],
+)
+def test_a_run_whose_every_rollout_fails_stops_naming_the_cause(
+    tmp_path: Path, override: str | None, edit: tuple[str, str] | None, cause: str
+) -> None:
+    assert main(["init", str(tmp_path / "my_agent")]) == 0
+    if edit is not None:
+        agent = tmp_path / "my_agent" / "agent.py"
+        agent.write_text(agent.read_text().replace(*edit, 1))
+    result = _train(tmp_path, *([override] if override else []))
+    assert result.returncode == 1, result.stderr[-3000:]
+    # before any training step, on the console, with the agents' own error
+    line = next(x for x in result.stderr.splitlines() if x.startswith("agl-train: step 0 validation"))
+    assert "4 of 4 rollouts failed" in line and cause in line, line
+    pids = _started_pids(result.stdout)
+    assert len(pids) == 2 and all(_gone(pid) for pid in pids)
+
+
+@pytest.mark.slow
+def test_no_controller_is_said_within_the_warning_time(tmp_path: Path) -> None:
+    from agentlightning.launch import start_gateway
+
+    assert main(["init", str(tmp_path / "my_agent")]) == 0
+    with start_gateway(key="k", store_url="memory://", log_path=tmp_path / "gw.log") as gateway:
+        started = time.monotonic()
+        result = _train(
+            tmp_path,
+            f"agentlightning.agl_base_url={gateway.url}",  # a Gateway, and no Controller for it
+            "agentlightning.agl_key=k",
+            "agentlightning.unclaimed_warning_seconds=1",
+            "agentlightning.rollout_timeout_seconds=4",
+            "agentlightning.rollout_grace_seconds=1",
+        )
+        elapsed = time.monotonic() - started
+    assert "agl train: Gateway" not in result.stdout  # given a Gateway, it starts none
+    warning = next(x for x in result.stderr.splitlines() if "event='rollouts_not_claimed'" in x)
+    assert warning.startswith("timestamp=") and "level='warning'" in warning
+    assert f"none of the 4 rollouts queued on the Gateway at {gateway.url}" in warning
+    assert "is a Controller running for this Gateway?" in warning
+    # then the stall check fails them (timeout + grace) and the run stops, naming why
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "no rollout finished for 5s" in result.stderr
+    assert elapsed < 300

@@ -112,9 +112,12 @@ class LocalServices:
             log_level="warning",
             log_path=self.out / "gateway.log",
             name="gateway",
-            ready_timeout=180,  # a busy machine imports slowly
+            ready_timeout=None,  # waited for below, after the trainer's imports (they take as long)
         )
         self.started.append(gateway)
+        import agentlightning.torch_backend.trainer  # noqa: F401  # torch and transformers, meanwhile
+
+        gateway.wait_http_ok(f"{gateway.url}/healthz", timeout=180)  # a busy machine imports slowly
         controller = start_controller(
             gateway.url,
             f"local_runner.cwd={self.agents_dir}",

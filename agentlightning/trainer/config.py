@@ -269,6 +269,7 @@ class AgentLightningConfig:
     model_name: str = "policy"
     rollout_timeout_seconds: float = 600.0
     rollout_grace_seconds: float = 120.0
+    unclaimed_warning_seconds: float = 30.0  # no rollout taken from the queue by then: a warning; 0: never
     keep_rollouts: bool = False
     hooks: str | None = None  # v1.0: a Python file with one RolloutHooks subclass (agentlightning/hooks.py)
     fetch_concurrency: int = 8
@@ -330,6 +331,11 @@ class AgentLightningConfig:
             )
         if self.async_rollout.pause_retry_after_seconds < 0:
             raise ConfigError("agentlightning.async_rollout.pause_retry_after_seconds must be >= 0")
+        if not self.unclaimed_warning_seconds >= 0:
+            raise ConfigError(
+                "agentlightning.unclaimed_warning_seconds must be >= 0 (0: never warn), "
+                f"got {self.unclaimed_warning_seconds}"
+            )
         if not math.isfinite(self.reward_fillna_value):
             raise ConfigError("agentlightning.reward_fillna_value must be a finite number")
         _int("agentlightning.fetch_concurrency", self.fetch_concurrency, 1)

@@ -289,6 +289,7 @@ def test_rollouts_without_a_reward_are_said_on_the_console(
     run_ppo(cfg, make_dataset(4, seed=0, prefix="t"), None)
     err = capfd.readouterr().err
     assert f"step 1: none of the {BATCH * N} finished rollouts reported a reward" in err
+    assert "level='warning' event='rollouts_not_usable'" in err  # at warning level, not only printed
     assert "Authorization: Bearer $AGL_KEY" in err
 
 
