@@ -219,3 +219,29 @@ def test_no_controller_is_said_within_the_warning_time(tmp_path: Path) -> None:
     assert result.returncode == 1, result.stderr[-3000:]
     assert "no rollout finished for 5s" in result.stderr
     assert elapsed < 300
+
+
+def test_a_misspelt_key_is_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert main(["init", str(tmp_path / "my_agent")]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr("agentlightning.commands.train.LocalServices.start", _never_called)
+    with pytest.raises(SystemExit) as exit_:
+        main(
+            [
+                "train",
+                str(tmp_path / "my_agent" / "config.yaml"),
+                "agentlightning.locl.agent_class=agent:Agent",
+            ]
+        )
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        err
+        == "agl train: bad config: agentlightning.locl: not a key of agentlightning (did you mean agentlightning.local?)\n"
+    )
+
+
+def _never_called(*args: object) -> str:
+    raise AssertionError("services started for a config that was refused")

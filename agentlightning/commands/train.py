@@ -148,6 +148,19 @@ class LocalServices:
         self.started = []
 
 
+def check_torch_config(cfg: DictConfig) -> None:
+    """The torch backend's reading of the whole config (every key read, every value valid);
+    exits 2 naming the bad key. The verl backend checks its keys at its own start."""
+    from agentlightning.torch_backend.config import load_torch_backend_config
+    from agentlightning.trainer.config import load_training_config
+
+    try:
+        load_training_config(cfg)
+        load_torch_backend_config(cfg)
+    except ValueError as exc:  # ConfigError names the key
+        fail(PROG, f"bad config: {exc}")
+
+
 def say(line: str) -> None:
     print(line, flush=True)
 
@@ -165,6 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = Path(str(cfg.trainer.output_dir)).resolve()
     except (OmegaConfBaseException, ValueError) as exc:
         fail(PROG, f"bad config: {exc}")
+    if (backend or ["backend=torch"])[-1] == "backend=torch":
+        check_torch_config(cfg)  # a misspelt key fails now, not after the services started
     if user is not None:  # the file as the trainer reads it: its paths made absolute
         out.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(user, out / EFFECTIVE_CONFIG)
