@@ -245,3 +245,37 @@ def test_a_misspelt_key_is_refused_before_anything_starts(
 
 def _never_called(*args: object) -> str:
     raise AssertionError("services started for a config that was refused")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["cfg.yaml", "backend=torch", "a.b=1"],
+        ["--config", "cfg.yaml", "a.b=1", "backend=torch"],
+        ["a.b=1", "cfg.yaml", "backend=torch"],
+    ],
+)
+def test_the_config_file_is_positional_or_given_with_config(
+    tmp_path: Path, argv: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentlightning.commands.train import split_args
+
+    (tmp_path / "cfg.yaml").write_text("data: {}\n")
+    monkeypatch.chdir(tmp_path)
+    assert split_args(argv) == (Path("cfg.yaml"), ["backend=torch"], ["a.b=1"])
+
+
+def test_paths_in_the_file_are_relative_to_its_folder(tmp_path: Path) -> None:
+    from agentlightning.commands.train import load_user_file
+
+    (tmp_path / "sub").mkdir()
+    path = tmp_path / "sub" / "cfg.yaml"
+    path.write_text(
+        "data: {train_files: [a.jsonl, /abs/b.jsonl], val_files: v.jsonl}\n"
+        "trainer: {output_dir: 'runs/${trainer.experiment_name}', experiment_name: x}\n"
+    )
+    user = load_user_file(path)
+    folder = path.resolve().parent
+    assert list(user.data.train_files) == [str(folder / "a.jsonl"), "/abs/b.jsonl"]
+    assert user.data.val_files == str(folder / "v.jsonl")
+    assert user.trainer.output_dir == str(folder / "runs" / "x")  # interpolations still resolve
