@@ -7,12 +7,20 @@ import sys
 
 import structlog
 
+CHATTY_LOGGERS = ("httpx", "httpcore")
+
 
 def configure_logging(level: str = "info") -> None:
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise ValueError(f"log_level must be one of debug, info, warning, error; got {level!r}")
     logging.basicConfig(stream=sys.stderr, level=numeric, format="%(message)s")
+    # The HTTP clients log a line per request at info: below debug they would drown the console
+    # (and the progress bar) in them; their warnings and errors still show.
+    for chatty in CHATTY_LOGGERS:
+        logging.getLogger(chatty).setLevel(
+            numeric if numeric <= logging.DEBUG else max(numeric, logging.WARNING)
+        )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

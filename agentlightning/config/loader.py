@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -20,8 +20,9 @@ from typing import Any, NoReturn
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from agentlightning.config.suggest import did_you_mean
 from agentlightning.log import configure_logging
 
 USAGE = """usage: {prog} [--config FILE.yaml] [key=value ...]
@@ -46,8 +47,8 @@ def load_cli_config(
         print(USAGE.format(prog=prog, defaults=OmegaConf.to_yaml(_compose(config_name, []))))
         raise SystemExit(0)
     user_file, overrides = config_args(argv, prog)
+    base = _compose(config_name, [])
     try:
-        base = _compose(config_name, [])
         user = [OmegaConf.load(user_file)] if user_file is not None else []
         user.append(OmegaConf.from_dotlist(overrides))
         for key in free_maps:
@@ -57,7 +58,35 @@ def load_cli_config(
         OmegaConf.set_struct(base, strict)
         return merge(base, *user)
     except (OmegaConfBaseException, ValueError) as exc:
-        fail(prog, f"bad config: {exc}")
+        fail(prog, f"bad config: {config_error(exc, leaf_keys(base), prog)}")
+
+
+def leaf_keys(cfg: DictConfig) -> set[str]:
+    """The dotted keys of a config's leaves (and of its empty mappings)."""
+    out: set[str] = set()
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict) and node:
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            out.add(prefix[:-1])
+
+    walk(OmegaConf.to_container(cfg, resolve=False), "")
+    return out
+
+
+def config_error(exc: Exception, known: Collection[str] = (), prog: str = "") -> str:
+    """OmegaConf's error as one line that names the key: an unknown key with the closest known
+    one ("did you mean"), a value of the wrong type with what was expected."""
+    key = getattr(exc, "full_key", None)
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if not key:
+        return first
+    if isinstance(exc, ConfigKeyError) and "not in struct" in first:
+        listed = f"; `{prog} --help` lists every key" if prog else ""
+        return f"{key}: not a key{did_you_mean(key, known)}{listed}"
+    return f"{key}: {first}"
 
 
 def merge(base: DictConfig, *others: Any) -> DictConfig:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from omegaconf.errors import OmegaConfBaseException
 
 from agentlightning.client import AsyncGatewayClient
-from agentlightning.config.loader import fail, load_cli_config
+from agentlightning.config.loader import config_error, fail, load_cli_config
 from agentlightning.controller.config import ControllerConfig, load_controller_config
 from agentlightning.controller.reconciler import Reconciler
 from agentlightning.controller.runner import Runner, StartupError
@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for noisy in ("httpx", "httpcore", "kr8s"):  # one line per request even at info: too much
             logging.getLogger(noisy).setLevel(logging.WARNING)
     except (OmegaConfBaseException, ValueError) as exc:
-        fail(PROG, f"bad config: {exc}")
+        fail(PROG, f"bad config: {config_error(exc)}")
     if not config.agl_server.key:
         log.warning("no_gateway_key", hint="set agl_server.key when the Gateway has a key")
     try:

@@ -3,7 +3,8 @@
 Run by the local runner as `python -m agentlightning.controller.forkserver module:Class FD`,
 where FD is its end of a socket pair. Messages are JSON lines:
 
-  server -> controller: {"op": "ready", "pid"} | {"op": "error", "message"}   (once, after the import)
+  server -> controller: {"op": "ready", "pid", "sources"} | {"op": "error", "message"}   (once, after
+                        the import; `sources`: {path: mtime_ns} of the agent's own source files)
   controller -> server: {"op": "spawn", "id", "env", "log", "exit_file", "cwd"}
   server -> controller: {"op": "spawned", "id", "pid"} | {"op": "spawn_failed", "id", "error"}
                         {"op": "exited", "pid", "status"}   (raw wait status, for each child)
@@ -12,6 +13,10 @@ Each child starts its own session (process group), gets its rollout's environmen
 as stdout and stderr, and then runs the agent exactly as a fresh interpreter would, ending
 through the interpreter's normal exit. The server exits when the controller's end closes; its
 children keep running (a restarted controller adopts them).
+
+`sources` are the Python files the agent's import loaded from outside the interpreter's own
+library folders (the agent's module and its helpers): the controller compares their modification
+times before each rollout and replaces a warm process whose agent changed on disk.
 
 The server stays single-threaded: forking a process with threads is unsafe, so a module that
 starts threads at import is refused and the controller uses fresh interpreters for it.
@@ -24,6 +29,7 @@ import select
 import signal
 import socket
 import sys
+import sysconfig
 import threading
 import traceback
 from typing import Any
@@ -42,6 +48,33 @@ def _thread_count() -> int:
         return len(os.listdir("/proc/self/task"))
     except OSError:  # not Linux: only Python's own threads are visible
         return threading.active_count()
+
+
+MAX_SOURCES = 256  # files watched per agent class (each is one stat per rollout)
+
+
+def _sources(before: set[str]) -> dict[str, int]:
+    """{path: mtime_ns} of the .py files of the modules imported since `before`, except the
+    interpreter's own and installed packages' (site-packages)."""
+    paths = sysconfig.get_paths()
+    libraries = tuple(
+        os.path.join(os.path.realpath(paths[k]), "") for k in ("stdlib", "platstdlib", "purelib", "platlib")
+    )
+    out: dict[str, int] = {}
+    for name in sorted(set(sys.modules) - before):
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if not isinstance(path, str) or not path.endswith(".py"):
+            continue
+        path = os.path.realpath(path)
+        if path.startswith(libraries) or "site-packages" in path or "dist-packages" in path:
+            continue
+        try:
+            out[path] = os.stat(path).st_mtime_ns
+        except OSError:
+            continue
+        if len(out) >= MAX_SOURCES:
+            break
+    return out
 
 
 def _reap(sock: socket.socket) -> None:
@@ -143,6 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     spec, fd = args[0], int(args[1])
     sock = socket.socket(fileno=fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the controller, which stops us
+    before = set(sys.modules)
     try:
         cls = bootstrap.load_agent_class(spec)
         threads = _thread_count()
@@ -154,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
         detail = "".join(traceback.format_exception(exc.__cause__)) if exc.__cause__ else ""
         _send(sock, {"op": "error", "message": f"{exc}\n{detail}".strip()})
         raise SystemExit(1) from None
-    _send(sock, {"op": "ready", "pid": os.getpid()})
+    _send(sock, {"op": "ready", "pid": os.getpid(), "sources": _sources(before)})
     child = serve(sock)
     if child is None:
         return  # the controller closed its end: our children live on in their own sessions

@@ -38,6 +38,7 @@ class WarmProcess:
         self.cwd = cwd
         self.log_path = log_path
         self.proc: asyncio.subprocess.Process | None = None
+        self.sources: dict[str, int] = {}  # the agent's source files and their mtime_ns at import
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._next_id = 0
@@ -85,7 +86,20 @@ class WarmProcess:
             await self.stop()
             raise RuntimeError(str(message.get("message", message)))
         self.alive = True
+        sources = message.get("sources")
+        self.sources = {str(k): int(v) for k, v in sources.items()} if isinstance(sources, dict) else {}
         self._reader_task = asyncio.create_task(self._read(reader), name=f"warm-reader-{self.proc.pid}")
+
+    def changed_sources(self) -> list[str]:
+        """The agent's source files changed (or gone) on disk since this process imported them."""
+        changed = []
+        for path, mtime_ns in self.sources.items():
+            try:
+                if os.stat(path).st_mtime_ns != mtime_ns:
+                    changed.append(path)
+            except OSError:
+                changed.append(path)
+        return changed
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
@@ -207,6 +221,16 @@ class WarmPool:
             if server is None or not server.alive:
                 del self._servers[agent_class]
                 task = None
+            elif changed := server.changed_sources():
+                # Edited since the import: the next rollouts run the code on disk, not the old module.
+                log.warning(
+                    "agent_source_changed",
+                    agent_class=agent_class,
+                    files=changed[:5],
+                    action="a new warm process imports the agent again",
+                )
+                self._retire(self._servers.pop(agent_class))
+                task = None
         if task is None:
             task = asyncio.create_task(self._start(agent_class), name=f"warm-start-{agent_class}")
             self._servers[agent_class] = task
@@ -245,9 +269,13 @@ class WarmPool:
     async def _evict(self) -> None:
         while len(self._servers) > self.size:
             _, task = self._servers.popitem(last=False)
-            stopper = asyncio.create_task(self._stop_task(task))
-            self._stopping.add(stopper)
-            stopper.add_done_callback(self._stopping.discard)
+            self._retire(task)
+
+    def _retire(self, task: asyncio.Task[WarmProcess | None]) -> None:
+        """Stop a warm process in the background (its running agents live on)."""
+        stopper = asyncio.create_task(self._stop_task(task))
+        self._stopping.add(stopper)
+        stopper.add_done_callback(self._stopping.discard)
 
     @staticmethod
     async def _stop_task(task: asyncio.Task[WarmProcess | None]) -> None:

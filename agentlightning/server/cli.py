@@ -11,7 +11,7 @@ from types import FrameType
 import uvicorn
 from omegaconf.errors import OmegaConfBaseException
 
-from agentlightning.config.loader import fail, load_cli_config
+from agentlightning.config.loader import config_error, fail, load_cli_config
 from agentlightning.log import configure_logging
 from agentlightning.server.app import create_app
 from agentlightning.server.config import load_server_config
@@ -48,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         configure_logging(config.log_level)
         app = create_app(config)
     except (OmegaConfBaseException, ValueError) as exc:
-        fail(PROG, f"bad config: {exc}")
+        fail(PROG, f"bad config: {config_error(exc)}")
     server = GatewayServer(
         uvicorn.Config(
             app,

@@ -11,11 +11,13 @@ SIGTERM and Ctrl-C stop it cleanly: rollouts in flight are failed, the server is
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Sequence
 
 from agentlightning.client import GatewayUnavailable, Unauthorized
 from agentlightning.config.loader import (
+    USAGE,
     catch_interrupts,
     exit_on_interrupt,
     fail,
@@ -24,10 +26,62 @@ from agentlightning.config.loader import (
 )
 
 PROG = "agl-train"
+HELP_USAGE = "usage: agl-train [backend=torch|verl]"
+
+
+def help_text() -> str:
+    """The shipped `train.yaml`, then every other key the torch backend reads, with its default
+    from the schema: generated, so that no key the trainer reads is missing."""
+    from omegaconf import OmegaConf
+
+    from agentlightning.torch_backend.config import TorchBackendConfig, torch_read_keys
+    from agentlightning.torch_backend.losses import RolloutCorrection
+    from agentlightning.trainer.config import (
+        FIXED_VERL_KEYS,
+        VERL_KEYS,
+        AgentLightningConfig,
+        DataConfig,
+        TrainerConfig,
+        leaf_items,
+    )
+
+    shipped = load_cli_config("train", [], prog=PROG, strict=False)
+    read, maps = torch_read_keys()
+    shown = {key for key, _ in leaf_items(shipped, maps=maps)}
+    schema = OmegaConf.create(
+        {
+            "actor_rollout_ref": OmegaConf.structured(TorchBackendConfig),
+            "agentlightning": OmegaConf.structured(AgentLightningConfig),
+            "trainer": OmegaConf.structured(TrainerConfig),
+            "data": OmegaConf.structured(DataConfig),
+            "algorithm": {"rollout_correction": OmegaConf.structured(RolloutCorrection)},
+        }
+    )
+    lines = []
+    for key in sorted((read | maps) - shown):
+        if key in FIXED_VERL_KEYS:  # verl's key, accepted at the values the core implements
+            lines.append(
+                f"  {key}: {json.dumps(FIXED_VERL_KEYS[key][-1])} (or {json.dumps(FIXED_VERL_KEYS[key][:-1])})"
+            )
+            continue
+        default = VERL_KEYS[key][1] if key in VERL_KEYS else OmegaConf.select(schema, key)
+        if OmegaConf.is_config(default):
+            default = OmegaConf.to_container(default)
+        lines.append(f"  {key}: {json.dumps(default)}")
+    return (
+        USAGE.format(prog=PROG, defaults=OmegaConf.to_yaml(shipped)).replace(
+            "usage: agl-train", HELP_USAGE, 1
+        )
+        + "\nThe other keys it reads, at these defaults unless set (docs/training.md#configuration):\n\n"
+        + "\n".join(lines)
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in args or "--help" in args:
+        print(help_text())
+        return
     backends = [a for a in args if a.startswith("backend=")]
     args = [a for a in args if not a.startswith("backend=")]
     backend = backends[-1].partition("=")[2] if backends else "torch"

@@ -14,7 +14,6 @@ a `ConfigError` that names the key.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping
@@ -27,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from agentlightning.aggregation import AggregationLevel
+from agentlightning.config.suggest import did_you_mean
 from agentlightning.log import get_logger
 
 log = get_logger("trainer_config")
@@ -140,15 +140,6 @@ def leaf_items(cfg: Any, prefix: str = "", maps: Collection[str] = ()) -> Iterat
             yield from leaf_items(value, f"{path}.", maps)
         else:
             yield path, value
-
-
-def did_you_mean(key: str, known: Collection[str]) -> str:
-    parent = key.rpartition(".")[0]
-    siblings = [k for k in known if k.rpartition(".")[0] == parent]
-    close = difflib.get_close_matches(key, siblings, n=1, cutoff=0.75) or difflib.get_close_matches(
-        key, list(known), n=1, cutoff=0.85
-    )
-    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def check_keys(
@@ -278,6 +269,7 @@ class AgentLightningConfig:
     model_name: str = "policy"
     rollout_timeout_seconds: float = 600.0
     rollout_grace_seconds: float = 120.0
+    unclaimed_warning_seconds: float = 30.0  # no rollout taken from the queue by then: a warning; 0: never
     keep_rollouts: bool = False
     hooks: str | None = None  # v1.0: a Python file with one RolloutHooks subclass (agentlightning/hooks.py)
     fetch_concurrency: int = 8
@@ -343,6 +335,11 @@ class AgentLightningConfig:
             )
         if self.async_rollout.pause_retry_after_seconds < 0:
             raise ConfigError("agentlightning.async_rollout.pause_retry_after_seconds must be >= 0")
+        if not self.unclaimed_warning_seconds >= 0:
+            raise ConfigError(
+                "agentlightning.unclaimed_warning_seconds must be >= 0 (0: never warn), "
+                f"got {self.unclaimed_warning_seconds}"
+            )
         if not math.isfinite(self.reward_fillna_value):
             raise ConfigError("agentlightning.reward_fillna_value must be a finite number")
         _int("agentlightning.fetch_concurrency", self.fetch_concurrency, 1)

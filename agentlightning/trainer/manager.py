@@ -10,6 +10,9 @@
   unfinished rollouts is checked; a rollout running longer than its timeout plus a grace
   period, or any unfinished rollout when none of ours has finished for that long (a lost
   controller), is failed by the trainer and reported as lost.
+* Rollouts nobody takes are said early: when not one rollout of a submission has left the queue
+  `unclaimed_warning_seconds` after it (no Controller running, or one working for another
+  Gateway), a warning says so, long before the stall check fails them.
 * Finished rollouts' triplet events are fetched in batch requests (several at a time; one
   request per rollout from a v1.0 Gateway), in the `triplet_delta` format where the Gateway
   has it: a call's prompt comes as a reference to an earlier call's plus the new ids, so a
@@ -136,6 +139,9 @@ class RolloutManager:
         self._last_progress = time.monotonic()
         self._last_lost_check = time.monotonic()
         self._left_wait_at: float | None = None
+        self._claim_check_at: float | None = None  # when to check that the submitted rollouts were taken
+        self._n_collected = 0
+        self._n_collected_at_submit = 0
         self.n_lost_total = 0
         self.n_deleted = 0
         # v1.0's rollout hooks: around creation (submit) and completion (poll, before the fetch).
@@ -234,6 +240,9 @@ class RolloutManager:
             for p in pending[start : start + CREATE_CHUNK]:  # tracked as soon as they exist
                 self._pending[p.rollout_id] = p
         self._last_progress = time.monotonic()
+        if self._claim_check_at is None and self.config.agl.unclaimed_warning_seconds > 0:
+            self._claim_check_at = time.monotonic() + self.config.agl.unclaimed_warning_seconds
+            self._n_collected_at_submit = self._n_collected
         log.info(
             "rollouts_submitted", step=step, prompts=len(samples), rollouts=len(specs), is_train=is_train
         )
@@ -281,7 +290,12 @@ class RolloutManager:
                 if now - self._last_lost_check >= self._lost_check_interval:
                     self._check_lost()
                     continue
+                if self._claim_check_at is not None and now >= self._claim_check_at:
+                    self._check_claimed()
+                    continue
                 wait = min(poll_wait, self._last_lost_check + self._lost_check_interval - now)
+                if self._claim_check_at is not None:
+                    wait = min(wait, self._claim_check_at - now)
                 if deadline is not None:
                     wait = min(wait, deadline - now)
                 self.poll(max(wait, 0.0))
@@ -320,6 +334,7 @@ class RolloutManager:
                         self._finish_seq[rollout.rollout_id] = next(self._finish_counter)
                         self._pending.pop(rollout.rollout_id, None)
                         collected.append(rollout.rollout_id)
+                        self._n_collected += 1
         finally:  # also when a later chunk failed: what was read is ours and can go
             if collected:
                 self._last_progress = time.monotonic()
@@ -432,6 +447,27 @@ class RolloutManager:
         self._start_deletions()
         self._reap_deletions(wait=True)
         return self.n_deleted
+
+    def _check_claimed(self) -> None:
+        """Warn once when every rollout still pending since the last submission is still queued
+        and none of them finished: nothing is taking this Gateway's rollouts."""
+        self._claim_check_at = None
+        if not self._pending or self._n_collected > self._n_collected_at_submit:
+            return
+        queued = self.client.list_rollouts([RolloutState.QUEUING], limit=LIST_LIMIT)
+        queued_ids = {r.rollout_id for r in queued}
+        if len(queued) < LIST_LIMIT and all(rid in queued_ids for rid in self._pending):
+            agl = self.config.agl
+            log.warning(
+                "rollouts_not_claimed",
+                detail=(
+                    f"none of the {len(self._pending)} rollouts queued on the Gateway at {agl.agl_base_url} "
+                    f"was taken by an agent in {agl.unclaimed_warning_seconds:g}s: is a Controller running "
+                    "for this Gateway? Start one (agl-controller agl_server.url=... agl_server.key=...) or "
+                    "check its agl_server.url and its log; the rollouts fail after "
+                    f"{self._stall_seconds:.0f}s (agentlightning.rollout_timeout_seconds + rollout_grace_seconds)"
+                ),
+            )
 
     def _check_lost(self) -> None:
         """Fail the rollouts that will not finish by themselves (see the module docstring)."""

@@ -27,12 +27,12 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from agentlightning.config.loader import merge
+from agentlightning.config.suggest import did_you_mean
 from agentlightning.log import get_logger
 from agentlightning.trainer.config import (
     KL_LOSS_TYPES,
     ConfigError,
     TrainingConfig,
-    did_you_mean,
     leaf_items,
     load_section,
     load_training_config,

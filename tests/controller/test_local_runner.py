@@ -6,8 +6,9 @@ rollouts); tests that stop or restart the controller are in test_lifecycle.py.
 
 from __future__ import annotations
 
+import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -236,3 +237,52 @@ def test_a_hostile_agent_holds_only_its_own_token(client: GatewayClient, tmp_pat
     go_file.touch()
     assert wait_terminal(client, [victim])[victim].status.state == "succeeded"
     assert [e["value"] for e in reward_events(client, victim)] == [1.0]
+
+
+EDITED_AGENT = """
+import os
+
+import httpx
+
+VERSION = {version}
+
+
+class Agent:
+    def run(self) -> None:
+        headers = {{"Authorization": f"Bearer {{os.environ['AGL_KEY']}}"}}
+        body = {{"event_type": "reward", "data": {{"value": VERSION}}}}
+        httpx.post(os.environ["AGL_EVENT_URL"], json=body, headers=headers).raise_for_status()
+"""
+
+
+def test_an_agent_edited_on_disk_is_imported_again(
+    gateway_factory: Callable[..., RunningGateway], tmp_path: Path
+) -> None:
+    """The warm process keeps the module it imported; the controller sees the file change and
+    starts a new one, so the next rollout runs the code on disk (and says so in its log)."""
+    gw = gateway_factory(*GATEWAY_OVERRIDES, key=KEY)  # its own: the module's controller runs in REPO
+    agents = tmp_path / "agents_dir"
+    agents.mkdir()
+    module = f"edited_agent_{uuid.uuid4().hex[:8]}"
+    source = agents / f"{module}.py"
+    source.write_text(EDITED_AGENT.format(version=1))
+    controller = start_controller(
+        gw.url, KEY, tmp_path / "logs", f"local_runner.cwd={agents}", "log_level=info"
+    )
+    try:
+        with GatewayClient(gw.url, KEY) as client:
+            first = create(client, local_config(f"{module}:Agent"))
+            assert wait_terminal(client, [first])[first].status.state == "succeeded"
+            assert [e["value"] for e in reward_events(client, first)] == [1]
+            before = source.stat().st_mtime_ns
+            source.write_text(EDITED_AGENT.format(version=2))
+            os.utime(source, ns=(before + 10**9, before + 10**9))  # a coarse clock cannot hide the edit
+            second = create(client, local_config(f"{module}:Agent"))
+            assert wait_terminal(client, [second])[second].status.state == "succeeded"
+            assert [e["value"] for e in reward_events(client, second)] == [2]
+        log = wait_until(
+            lambda: controller.log_tail(200) if "agent_source_changed" in controller.log_tail(200) else None
+        )
+        assert str(source) in log
+    finally:
+        controller.stop()

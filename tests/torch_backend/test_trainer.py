@@ -287,9 +287,11 @@ def test_rollouts_without_a_reward_are_said_on_the_console(
     cfg = config(tmp_path, gateway, total_training_steps=1, val_before_train=False)
     cfg.agentlightning.local.agent_class = "tests.torch_backend.loop_agent:NoRewardAgent"
     run_ppo(cfg, make_dataset(4, seed=0, prefix="t"), None)
-    err = capfd.readouterr().err
+    out, err = capfd.readouterr()
     assert f"step 1: none of the {BATCH * N} finished rollouts reported a reward" in err
     assert "Authorization: Bearer $AGL_KEY" in err
+    logged = [line for line in (out + err).splitlines() if "rollouts_not_usable" in line]
+    assert logged and all("warning" in line for line in logged)  # logged at warning level too
 
 
 def test_bad_settings_fail_before_anything_starts(tmp_path: Path) -> None:

@@ -347,3 +347,27 @@ def test_a_gateway_without_the_delta_format_is_read_in_the_triplet_format(gatewa
     assert transport.refused == 1  # asked once, then remembered
     assert all(sum(e["event_type"] == "model_request" for e in r.events) == 7 for r in rollouts)
     assert all(len(aggregate_rollout(r.events, r.rollout_id, r.group_id, 1.0)) == 1 for r in rollouts)
+
+
+def test_rollouts_nobody_takes_are_said_within_the_warning_time(gateway, capfd):
+    # No Controller: the rollouts stay queued. The warning comes at unclaimed_warning_seconds, long
+    # before the stall check (timeout + grace) would fail them.
+    cfg = _config(gateway, unclaimed_warning_seconds=0.5, rollout_timeout_seconds=600)
+    with RolloutManager(cfg) as manager:
+        manager.submit([{"k": 0}], step=3, n=2)
+        started = time.monotonic()
+        assert not manager.wait(lambda: False, timeout=4)
+        assert time.monotonic() - started >= 4  # the warning did not end the wait
+    out = "".join(capfd.readouterr())
+    assert out.count("rollouts_not_claimed") == 1  # once, not once per poll
+    assert "none of the 2 rollouts queued on the Gateway" in out
+    assert "is a Controller running for this Gateway?" in out
+
+
+def test_no_warning_once_an_agent_took_a_rollout(gateway, capfd):
+    cfg = _config(gateway, unclaimed_warning_seconds=0.5, rollout_timeout_seconds=600)
+    with RolloutManager(cfg) as manager:
+        (group,) = manager.submit([{"k": 0}], step=0, n=2)
+        manager.client.patch_rollout(group.rollout_ids[0], state=RolloutState.RUNNING, last_attempt_id="a1")
+        assert not manager.wait(lambda: False, timeout=2)
+    assert "rollouts_not_claimed" not in "".join(capfd.readouterr())

@@ -1,0 +1,27 @@
+"""`agl-train --help` names every key the torch backend reads: the shipped train.yaml, then the
+others with their defaults from the schema (generated: a key added to a schema shows up)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from agentlightning.torch_backend.cli import main as agl_train
+from agentlightning.torch_backend.config import torch_read_keys
+from agentlightning.trainer.config import leaf_items
+
+
+def test_help_names_every_key_the_torch_backend_reads(capsys: pytest.CaptureFixture[str]) -> None:
+    agl_train(["--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: agl-train [backend=torch|verl] [--config FILE.yaml] [key=value ...]")
+    read, maps = torch_read_keys()
+    shipped, listed = out.split("Defaults:\n\n")[1].split("\nThe other keys it reads")
+    in_yaml = {key for key, _ in leaf_items(yaml.safe_load(shipped), maps=maps)}
+    for key in sorted(read | maps):
+        assert key in in_yaml or f"\n  {key}: " in listed, key
+    # the keys an earlier --help left out
+    for key in ("keep_rollouts", "failed_rollouts", "reward_fillna_value", "rollout_grace_seconds"):
+        assert f"\n  {key}: " in out
+    assert "\n  trace_aggregator:\n    level: trajectory" in out
+    assert "  agentlightning.poll_wait_seconds: 30.0" in listed
