@@ -99,6 +99,7 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=8, help="samples per problem")
     parser.add_argument("--val-problems", type=int, default=128)
     parser.add_argument("--warmup-steps", type=int, default=800, help="the demo's warm-up (demo.yaml)")
+    parser.add_argument("--warm-model", help="a warm_model/ of an earlier run (same seed): skip the warm-up")
     parser.add_argument("--min-reward", type=float, default=1.0, help="keep rollouts with reward >= this")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--lr", type=float, default=3e-3)
@@ -116,6 +117,8 @@ def main() -> int:
     wall = time.perf_counter()
 
     start = cpu_seconds()
+    if args.warm_model:
+        shutil.copytree(args.warm_model, out / "warm_model")
     warm = warm_model(out / "warm_model", args.warmup_steps, args.seed)
     train, val = write_problems(out, args.problems, args.val_problems, args.seed)
     cpu["warm-up"] = cpu_seconds() - start

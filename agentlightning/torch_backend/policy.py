@@ -304,7 +304,10 @@ class PolicyUpdater:
                 continue
             m = torch.tensor(r.response_mask, dtype=torch.float32)
             mask[i, keep - n :] = m
-            adv[i, keep - n :] = r.advantage * m
+            if r.token_advantages is not None:  # a per-token signal (distillation)
+                adv[i, keep - n :] = torch.tensor(r.token_advantages, dtype=torch.float32) * m
+            else:
+                adv[i, keep - n :] = r.advantage * m
             weight[i, keep - n :] = r.loss_weight * m
             if rollout_lp is not None:
                 assert r.rollout_log_probs is not None
