@@ -111,3 +111,14 @@ def test_the_distill_block_is_checked() -> None:
         load_torch_backend_config(
             cfg(enable=True, teacher_url="http://t/v1", teacher_tokenizer="demo", kl_coef=0.0)
         )
+
+
+def test_the_torch_server_refuses_what_it_cannot_score(server: InferenceServer) -> None:
+    import httpx
+
+    body = {"model": "policy", "prompt": [5, 17, 33], "max_tokens": 1, "prompt_logprobs": 2}
+    answer = httpx.post(f"{server.base_url}/completions", json=body, timeout=60, trust_env=False)
+    assert answer.status_code == 400 and "ask prompt_logprobs=0" in answer.text
+    body = {**body, "prompt_logprobs": 0, "stream": True}
+    answer = httpx.post(f"{server.base_url}/completions", json=body, timeout=60, trust_env=False)
+    assert answer.status_code == 400 and "prompt_logprobs with stream" in answer.text
