@@ -43,8 +43,7 @@ def demo(out: Path, args: argparse.Namespace, env: dict[str, str], *extra: str) 
     ]
     print("$", " ".join(cmd[2:]), flush=True)
     subprocess.run(cmd, cwd=REPO, env=env, check=True)
-    lines = (out / f"seed{args.seed}" / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+    return read_records(out, args.seed)
 
 
 def summary(records: list[dict[str, Any]], target: float) -> tuple[float, float, str, str]:
@@ -54,6 +53,52 @@ def summary(records: list[dict[str, Any]], target: float) -> tuple[float, float,
     steps = str(reached[0]) if reached else f"not in {val[-1][0]}"
     minutes = f"{(reached[1] - start) / 60:.1f}" if reached else "-"
     return val[0][1], val[-1][1], steps, minutes
+
+
+def read_records(out: Path, seed: int) -> list[dict[str, Any]]:
+    lines = (out / f"seed{seed}" / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def plot(runs: dict[str, list[dict[str, Any]]], target: float, path: Path) -> None:
+    """Validation reward per step of each run, and the target."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    for name, records in runs.items():
+        val = [(int(r["step"]), float(r["val/reward"])) for r in records if "val/reward" in r]
+        ax.plot(*zip(*val, strict=True), "o-", label=name, linewidth=2)
+    ax.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target}")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("validation reward (greedy)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    ax.set_title("demo task: on-policy distillation vs GRPO, same start")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def report(
+    grpo: list[dict[str, Any]], opd: list[dict[str, Any]], args: argparse.Namespace, out: Path
+) -> None:
+    print()
+    print(
+        f"On-policy distillation vs GRPO, demo task, seed {args.seed}, same warm model and rollouts per step"
+    )
+    print(
+        f"| method | validation before | validation after | first step at >= {args.target} | wall minutes to it |"
+    )
+    print("|---|---|---|---|---|")
+    for name, records in (("grpo", grpo), ("opd (teacher: the GRPO run's checkpoint)", opd)):
+        before, after, reached, minutes = summary(records, args.target)
+        print(f"| {name} | {before:.3f} | {after:.3f} | {reached} | {minutes} |")
+    plot({"GRPO": grpo, "OPD (teacher: the GRPO run)": opd}, args.target, out / "opd_vs_grpo.png")
+    print(f"picture: {out / 'opd_vs_grpo.png'}")
 
 
 def main() -> int:
@@ -69,7 +114,14 @@ def main() -> int:
     )
     parser.add_argument("--test-freq", type=int, default=2, help="validate every this many steps")
     parser.add_argument("--val-problems", type=int, default=64)
+    parser.add_argument(
+        "--report-only", action="store_true", help="the table and picture of an earlier --out"
+    )
     args = parser.parse_args()
+    if args.report_only:
+        out = (REPO / args.out).resolve()
+        report(read_records(out / "grpo", args.seed), read_records(out / "opd", args.seed), args, out)
+        return 0
     args.sizes = [f"train.trainer.test_freq={args.test_freq}", f"val_problems={args.val_problems}"]
     if args.smoke:
         args.sizes += [
@@ -132,17 +184,7 @@ def main() -> int:
     finally:
         teacher.stop(timeout=20)
 
-    print()
-    print(
-        f"On-policy distillation vs GRPO, demo task, seed {args.seed}, same warm model and rollouts per step"
-    )
-    print(
-        f"| method | validation before | validation after | first step at >= {args.target} | wall minutes to it |"
-    )
-    print("|---|---|---|---|---|")
-    for name, records in (("grpo", grpo), ("opd (teacher: the GRPO run's checkpoint)", opd)):
-        before, after, reached, minutes = summary(records, args.target)
-        print(f"| {name} | {before:.3f} | {after:.3f} | {reached} | {minutes} |")
+    report(grpo, opd, args, out)
     return 0
 
 
