@@ -43,6 +43,9 @@ class TrainingRow:
     # The rewards of the row's calls (reward events naming a call), one per merged call, 0.0 for a
     # call without one; None when the rollout had no per-call reward.
     call_rewards: list[float] | None = None
+    # Per response token, an advantage of its own (on-policy distillation: the teacher's per-token
+    # signal), used instead of `advantage` on the trainable tokens; None: `advantage` broadcast.
+    token_advantages: list[float] | None = None
 
     @property
     def n_trainable(self) -> int:
@@ -55,6 +58,10 @@ class TrainingRow:
             raise ValueError(
                 f"row of rollout {self.rollout_id}: response_ids ({n}), response_mask "
                 f"({len(self.response_mask)}) and model_versions ({len(self.model_versions)}) differ in length"
+            )
+        if self.token_advantages is not None and len(self.token_advantages) != n:
+            raise ValueError(
+                f"row of rollout {self.rollout_id}: {len(self.token_advantages)} token advantages for {n} tokens"
             )
         if self.rollout_log_probs is not None and len(self.rollout_log_probs) != n:
             raise ValueError(

@@ -71,6 +71,7 @@ class CompletionRequest(_Common):
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=20)  # vLLM's: each prompt token's log-prob
 
     def prompts(self) -> list[str | list[int]]:
         p = self.prompt

@@ -96,6 +96,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     setup_logging(PROG, str(cfg.trainer.log_level), "trainer.")
     from transformers.utils import logging as hf_logging
 
+    from agentlightning.torch_backend.distill import DistillError
     from agentlightning.torch_backend.trainer import TorchTrainer  # torch: after the cheap checks
     from agentlightning.trainer.config import ConfigError
     from agentlightning.trainer.failures import AllRolloutsFailed
@@ -116,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         fail(PROG, f"the Gateway at {url} (agentlightning.agl_base_url): {exc}", 1)
     except AllRolloutsFailed as exc:
         fail(PROG, str(exc), 1)
+    except DistillError as exc:
+        fail(PROG, f"algorithm.distill: {exc}", 1)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from agentlightning.torch_backend.distill import DistillConfig
 from agentlightning.torch_backend.lora import LoraSettings, lora_settings
 from agentlightning.torch_backend.losses import RolloutCorrection
 from agentlightning.torch_backend.policy import ActorConfig
@@ -103,6 +104,8 @@ class TorchBackendConfig:
     rollout: TorchRolloutConfig = field(default_factory=TorchRolloutConfig)
     # algorithm.rollout_correction.* (verl's section), read by load_torch_backend_config
     rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
+    # algorithm.distill.*: on-policy distillation (distill.py), read by load_torch_backend_config
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
     @property
     def lora(self) -> LoraSettings:
@@ -133,6 +136,7 @@ class TorchBackendConfig:
             self.rollout_correction.validate()
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        self.distill.validate()
 
 
 def load_torch_backend_config(cfg: DictConfig | dict[str, Any] | None) -> TorchBackendConfig:
@@ -142,6 +146,7 @@ def load_torch_backend_config(cfg: DictConfig | dict[str, Any] | None) -> TorchB
     check_torch_keys(root)
     config: TorchBackendConfig = load_section(root, "actor_rollout_ref", TorchBackendConfig)
     config.rollout_correction = load_section(root, "algorithm.rollout_correction", RolloutCorrection)
+    config.distill = load_section(root, "algorithm.distill", DistillConfig)
     config.validate()
     return config
 
@@ -235,10 +240,13 @@ TORCH_FIXED_KEYS: dict[str, tuple[Any, ...]] = {
 def torch_read_keys() -> tuple[set[str], set[str]]:
     """(keys, mapping keys) the torch backend reads: the core's, the loop's and its own."""
     read, maps = dataclass_keys(
-        "actor_rollout_ref.", TorchBackendConfig, skip=("actor_rollout_ref.rollout_correction",)
+        "actor_rollout_ref.",
+        TorchBackendConfig,
+        skip=("actor_rollout_ref.rollout_correction", "actor_rollout_ref.distill"),
     )
     read -= set(_DERIVED)
     rc, _ = dataclass_keys("algorithm.rollout_correction.", RolloutCorrection)
+    rc |= dataclass_keys("algorithm.distill.", DistillConfig)[0]
     trainer, _ = dataclass_keys("trainer.", TrainerConfig)
     data, _ = dataclass_keys("data.", DataConfig)
     read |= rc | trainer | data | set(core_config_keys())

@@ -385,6 +385,24 @@ class TorchEngine:
                 raise TimeoutError(f"generation did not finish within {timeout}s")
         return [self._result(p, o) for p, o in zip(prompts, outs, strict=True)]
 
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Per sequence, the log-prob of each token after the first given the tokens before it
+        (`log_softmax` of the logits, temperature 1): the prompt log-probs a teacher gives a
+        student's tokens (on-policy distillation). Runs in the caller's thread on the served
+        weights, one sequence at a time, beside the generation loop (a forward pass changes no
+        state of the model)."""
+        out: list[list[float]] = []
+        with torch.inference_mode():
+            for seq in sequences:
+                ids = torch.tensor([list(seq)], dtype=torch.long, device=self.device)
+                positions = torch.arange(ids.shape[1], device=self.device).unsqueeze(0)
+                logits, _ = hf_compat.forward(
+                    self.model, ids, torch.ones_like(ids), positions, use_cache=False
+                )
+                lp = torch.log_softmax(logits[0, :-1].float(), dim=-1)
+                out.append(lp.gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1).tolist())
+        return out
+
     def publish(
         self,
         weights: Mapping[str, torch.Tensor] | torch.nn.Module,

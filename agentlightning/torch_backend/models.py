@@ -67,3 +67,12 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 
         tokenizer = AutoTokenizer.from_pretrained(name)
         model = AutoModelForCausalLM.from_pretrained(name)
     return model.to(device=device, dtype=dtype).eval(), tokenizer
+
+
+def load_tokenizer(name: str, seed: int = 0) -> Any:
+    """The tokenizer of a Hugging Face directory (or hub name), or of a built-in model."""
+    if is_builtin(name):
+        return model_builder(name)(seed=seed)[1]
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name)

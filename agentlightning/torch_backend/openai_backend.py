@@ -10,6 +10,7 @@ new weights with `InferenceServer.publish()`; the version served is in `/v1/mode
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -229,6 +230,13 @@ class EngineBackend:
             raise BadRequest("echo is not supported by the built-in torch server")
         if req.suffix:
             raise BadRequest("suffix is not supported by the built-in torch server")
+        if req.prompt_logprobs:
+            raise BadRequest(
+                "prompt_logprobs > 0 (alternatives per prompt token) is not supported by the built-in torch "
+                "server: ask prompt_logprobs=0 (each prompt token's own log-prob)"
+            )
+        if req.prompt_logprobs is not None and req.stream:
+            raise BadRequest("prompt_logprobs with stream is not supported by the built-in torch server")
         try:
             raw_prompts = req.prompts()
         except ValueError as exc:
@@ -251,12 +259,18 @@ class EngineBackend:
             return await self._streamed(stream, lambda ev: self._completion_stream(req, prompts, stream, ev))
         choices = await self._collect(stream, len(prompts) * req.n)
         version = self._version(choices)
+        scored = (
+            await asyncio.to_thread(self.engine.score, prompts) if req.prompt_logprobs is not None else None
+        )
         body_choices = []
         for index, ch in enumerate(choices):
             text = self._text(ch, params)
             choice: dict[str, Any] = {
                 "index": index,
                 "text": text,
+                "prompt_logprobs": self._prompt_logprobs(prompts[index // req.n], scored[index // req.n])
+                if scored is not None
+                else None,
                 "logprobs": self.token_text.completion_logprobs(ch.outs, k)
                 if req.logprobs is not None
                 else None,
@@ -275,6 +289,14 @@ class EngineBackend:
             "usage": usage(sum(len(p) for p in prompts) * req.n, sum(len(c.outs) for c in choices)),
         }
         return Answer(body, headers=_versioned(version))
+
+    def _prompt_logprobs(self, prompt: list[int], scores: list[float]) -> list[dict[str, Any] | None]:
+        """vLLM's shape: None for the first token, then `{token_id: {logprob, rank, decoded_token}}`."""
+        entries: list[dict[str, Any] | None] = [None]
+        for token, lp in zip(prompt[1:], scores, strict=True):
+            text = self.tokenizer.decode([token])
+            entries.append({str(token): {"logprob": lp, "rank": None, "decoded_token": text}})
+        return entries
 
     async def _completion_stream(
         self, req: CompletionRequest, prompts: list[list[int]], stream: RequestStream, events: _Events

@@ -305,7 +305,10 @@ class PolicyUpdater:
                 continue
             m = torch.tensor(r.response_mask, dtype=torch.float32)
             mask[i, keep - n :] = m
-            adv[i, keep - n :] = r.advantage * m
+            if r.token_advantages is not None:  # a per-token signal (distillation)
+                adv[i, keep - n :] = torch.tensor(r.token_advantages, dtype=torch.float32) * m
+            else:
+                adv[i, keep - n :] = r.advantage * m
             weight[i, keep - n :] = r.loss_weight * m
             if rollout_lp is not None:
                 assert r.rollout_log_probs is not None
@@ -523,6 +526,34 @@ class PolicyUpdater:
             stats.update(sums)
             stats.update(maxes)
         return stats
+
+    # --- supervised ---------------------------------------------------------------------------
+
+    def nll_backward(self, rows: Sequence[TrainingRow]) -> float:
+        """Accumulate the gradient of the supervised loss `−Σ loss_weight · mask · log π(token)`
+        (SFT: the rows' trainable tokens as targets), micro-batch by micro-batch; returns it."""
+        total = 0.0
+        self.model.train()
+        for micro in self.micro_batches(rows):
+            batch = self._collate(micro)
+            logp, _ = self._forward_log_probs(self.model, batch)
+            loss = -(logp * batch.weight).sum()
+            loss.backward()
+            total += float(loss.detach())
+        return total
+
+    def optimizer_step(self) -> float:
+        """Clip the accumulated gradient, take one AdamW step (skipped on a non-finite norm) and
+        advance the schedule; returns the gradient norm and clears the gradient."""
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip))
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        else:
+            log.warning("non_finite_grad_norm_step_skipped", grad_norm=grad_norm)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.steps += 1
+        return grad_norm
 
     # --- checkpoints --------------------------------------------------------------------------
 

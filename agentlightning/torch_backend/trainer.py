@@ -28,6 +28,7 @@ from agentlightning.torch_backend.checkpoint import (
     torch_rng_state,
 )
 from agentlightning.torch_backend.config import TorchBackendConfig, load_torch_backend_config
+from agentlightning.torch_backend.distill import Teacher, check_same_tokenizer, distill
 from agentlightning.torch_backend.lora import (
     ADAPTER_DIR,
     adapter_state,
@@ -36,7 +37,7 @@ from agentlightning.torch_backend.lora import (
     full_state,
     save_adapter,
 )
-from agentlightning.torch_backend.models import load_model, resolve_device
+from agentlightning.torch_backend.models import load_model, load_tokenizer, resolve_device
 from agentlightning.torch_backend.policy import PolicyUpdater
 from agentlightning.torch_backend.rollout_engine import RolloutEngine, open_rollout_engine
 from agentlightning.trainer import ConfigError, CoreConfig, TrainingBatch
@@ -66,6 +67,7 @@ class TorchBackend:
         self.updater: PolicyUpdater | None = None
         self.engine: RolloutEngine | None = None  # serves the policy: the torch engine or vLLM
         self.peft_model: Any = None  # with LoRA: the PeftModel around the policy (for its adapter files)
+        self.teacher: Teacher | None = None  # algorithm.distill: scores the rows' tokens before each update
 
     def start(self, step: int, version: int, total_steps: int, checkpoint: Path | None) -> list[str]:
         if self.torch_threads:
@@ -80,6 +82,8 @@ class TorchBackend:
             if self.model_path != self.config.model.path:
                 key = f"agentlightning.policies.{self.served_name}.path"
             raise ConfigError(f"{key}: cannot load {self.model_path!r}: {exc}") from None
+        if self.config.distill.enable:
+            self.teacher = self._teacher(tokenizer)
         policy = self._with_lora(policy)
         self._set_lr_horizon(total_steps)
         self.updater = PolicyUpdater(
@@ -140,9 +144,29 @@ class TorchBackend:
         )
         return model
 
+    def _teacher(self, tokenizer: Any) -> Teacher:
+        """The distillation teacher, its tokenizer checked against the student's first."""
+        settings = self.config.distill
+        assert settings.teacher_tokenizer is not None  # validate() checked it
+        try:
+            teacher_tokenizer = load_tokenizer(settings.teacher_tokenizer, self.core.agl.seed)
+        except OSError as exc:
+            raise ConfigError(
+                f"algorithm.distill.teacher_tokenizer: cannot load {settings.teacher_tokenizer!r}: {exc}"
+            ) from None
+        check_same_tokenizer(tokenizer, teacher_tokenizer)
+        return Teacher(settings)
+
     def update(self, batch: TrainingBatch) -> dict[str, float]:
         assert self.updater is not None, "start() first"
-        return self.updater.update(batch.minibatches())
+        metrics: dict[str, float] = {}
+        if self.teacher is not None and batch.rows:
+            rows = batch.rows
+            missing = [r for r in rows if r.rollout_log_probs is None]
+            recomputed = dict(zip(map(id, missing), self.updater.compute_log_probs(missing), strict=True))
+            student = [r.rollout_log_probs or recomputed[id(r)] for r in rows]
+            metrics = distill(rows, self.teacher.score_rows(rows), student, self.config.distill)
+        return {**self.updater.update(batch.minibatches()), **metrics}
 
     def publish(self, version: int) -> None:
         assert self.engine is not None, "start() first"
@@ -162,6 +186,9 @@ class TorchBackend:
         self.updater.set_lr(self.config.actor.optim.lr * lr_scale)
 
     def close(self) -> None:
+        if self.teacher is not None:
+            self.teacher.close()
+            self.teacher = None
         if self.engine is not None:
             self.engine.close()
             self.engine = None

@@ -42,6 +42,8 @@ SMOKES = {
     "vllm_mismatch": (sys.executable, r"\| float32 \| \d+ / \d+ \| \d\.\d\de[-+]\d+ / "),
     "engines": (sys.executable, r"\| demo \| tok_s@4 \| [\d.]+ \|"),
     "demo_feasibility": (sys.executable, r'\{"summary": \{"seed": 0, "warmup_s": [\d.]+, .*"steps": 2, '),
+    "opd": (sys.executable, r"\| opd \(teacher: the GRPO run's checkpoint\) \| \d\.\d{3} \| \d\.\d{3} \|"),
+    "rft": (sys.executable, r"validation reward \(greedy, 4 problems\): \d\.\d{3} -> \d\.\d{3}"),
     "lora_publish": (sys.executable, r"demo +torch +[\d.]+ +[\d.]+ +[\d.]+x +0\.63 +0\.070 +9\.1x"),
 }
 
