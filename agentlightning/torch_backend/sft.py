@@ -43,6 +43,7 @@ from agentlightning.config.loader import (
     load_cli_config,
     setup_logging,
 )
+from agentlightning.config.suggest import did_you_mean
 from agentlightning.log import get_logger
 from agentlightning.rows import TrainingRow
 from agentlightning.torch_backend.checkpoint import save_policy_state, torch_rng_state
@@ -56,7 +57,7 @@ from agentlightning.torch_backend.lora import (
 )
 from agentlightning.torch_backend.models import load_model, resolve_device
 from agentlightning.torch_backend.policy import ActorConfig, OptimConfig, PolicyUpdater
-from agentlightning.trainer.config import ConfigError, did_you_mean, load_section
+from agentlightning.trainer.config import ConfigError, load_section
 from agentlightning.trainer.sft_data import Selection, SelectionCounts, SFTDataError, chat_rows, store_rows
 
 PROG = "agl-sft"
