@@ -104,5 +104,11 @@ def test_claude_codes_own_prompt_and_tools_reach_the_model(tmp_path: Path) -> No
     assert {"Bash", "Read", "Edit", "Write"} <= names, names
     assert len(request["tools"]) >= 8 and all(t.get("input_schema") for t in request["tools"])
     assert SYSTEM_MARKER in wrong.prompt_text(0)  # rendered into the tokens the model saw
+    # Its environment comes as a `system` message after the task: kept in place, not refused.
+    assert any(m["role"] == "system" for m in request["messages"][1:]), [
+        m["role"] for m in request["messages"]
+    ]
+    assert "Primary working directory: /workspace" in wrong.prompt_text(0)
+    print(f"claude code: {len(system_text)} chars of system prompt, {len(request['tools'])} tools")
     # Claude Code asks for 32000 tokens of every model; the harness asks for what the context leaves.
     assert all(c["data"]["request"]["max_tokens"] == MAX_TOKENS for c in wrong.model_requests)
