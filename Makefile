@@ -7,7 +7,7 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 LINT_DIRS := $(wildcard agentlightning tests bench examples docs)
 
-.PHONY: venv vllm test test-core test-heavy test-postgres test-fast test-verl lint typecheck demo clean examples-venv swe-venv codex opencode
+.PHONY: venv vllm test test-core test-heavy test-postgres test-fast test-verl lint typecheck demo clean examples-venv swe-venv codex opencode claude
 
 venv: $(STAMP)
 vllm: $(VLLM_STAMP)
@@ -94,7 +94,7 @@ POSTGRES_PASS := tests/server/test_api.py tests/server/test_batch_routes.py test
 # Everything the suite runs on; `make test` builds them four at a time (lint and the type check
 # start as soon as .venv is there).
 TEST_ENVS := $(STAMP) $(V1)/.installed .venv-examples/.installed $(VERL_VENV)/.installed $(VLLM_STAMP) \
-	.venv-swe/.installed .npm-codex/.installed .npm-opencode/.installed
+	.venv-swe/.installed .npm-codex/.installed .npm-opencode/.installed .npm-claude/.installed
 
 # The tests that need an environment besides .venv (vLLM, the agent frameworks, the coding CLIs,
 # v1.0.2, the bench's retrieval service); everything else is the core suite.
@@ -187,6 +187,16 @@ codex: .npm-codex/.installed
 
 opencode: .npm-opencode/.installed
 
+# Claude Code (Anthropic's proprietary software, under Anthropic's own terms: see examples/swe/README.md),
+# unchanged from npm and pinned, in a prefix of its own; examples/swe/claude_agent.py runs it in
+# bubblewrap, pointed at the Gateway's Anthropic URL.
+.npm-claude/.installed:
+	rm -rf .npm-claude
+	npm install --prefix .npm-claude --no-audit --no-fund --quiet --save-exact @anthropic-ai/claude-code@2.1.332
+	touch $@
+
+claude: .npm-claude/.installed
+
 clean:
 	rm -f .egg-info.lock
-	rm -rf $(VENV) $(V1) .venv-examples .venv-swe .npm-codex .npm-opencode $(VERL_VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(V1) .venv-examples .venv-swe .npm-codex .npm-opencode .npm-claude $(VERL_VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis

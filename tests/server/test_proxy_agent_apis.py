@@ -230,6 +230,38 @@ def test_anthropic_messages_create_and_stream_with_tool_use(
     ]
 
 
+def test_an_anthropic_system_message_among_the_turns_stays_in_its_place(
+    gw: RunningGateway, client: GatewayClient, fake: FakeModelServer
+) -> None:
+    """Claude Code sends its agent list (2.1.197) or environment (2.1.332) as a `system` message after
+    the first user turn: it becomes a chat system message in the same place, not a 400."""
+    rollout_id = new_rollout(client)
+    fake.script(Reply(content="ok"))
+    answer = httpx.post(
+        root(gw, rollout_id) + "/anthropic/v1/messages",
+        json={
+            "model": "m",
+            "max_tokens": 16,
+            "system": [{"type": "text", "text": "you code"}],
+            "messages": [
+                {"role": "user", "content": "fix it"},
+                {
+                    "role": "system",
+                    "content": [{"type": "text", "text": "agents: "}, {"type": "text", "text": "one"}],
+                },
+            ],
+        },
+        headers={"x-api-key": KEY},
+    )
+    assert answer.status_code == 200, answer.text
+    event = check_recorded_once(client, fake, rollout_id, "anthropic.messages")
+    assert event["chat_request"]["messages"] == [
+        {"role": "system", "content": "you code"},
+        {"role": "user", "content": "fix it"},
+        {"role": "system", "content": "agents: one"},
+    ]
+
+
 ANTHROPIC_BAD = [
     (b"{not json", "not valid JSON"),
     (b"[1]", "JSON object"),
@@ -242,6 +274,11 @@ ANTHROPIC_BAD = [
     ),
     (b'{"max_tokens": 5, "messages": [{"role": "robot", "content": "hi"}]}', "role"),
     (b'{"max_tokens": 5, "messages": "hi"}', "must be a list"),
+    (
+        b'{"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}, '
+        b'{"role": "system", "content": [{"type": "image"}]}]}',
+        "only text blocks are allowed in a system message",
+    ),
 ]
 RESPONSES_BAD = [
     (b"{not json", "not valid JSON"),

@@ -70,6 +70,14 @@ def _image(block: dict[str, Any], where: str) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
+def _system_text(content: Any, where: str) -> str:
+    blocks = _blocks(content, where)
+    for i, block in enumerate(blocks):
+        if block.get("type") != "text":
+            raise ApiInputError(f"{where}[{i}]: only text blocks are allowed in a system message")
+    return "".join(_text(b, where) for b in blocks)
+
+
 def _tool_result_text(block: dict[str, Any], where: str) -> str:
     content = block.get("content", "")
     if isinstance(content, str):
@@ -98,19 +106,22 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     messages: list[dict[str, Any]] = []
     system = body.get("system")
     if system is not None:
-        blocks = _blocks(system, "system")
-        for i, block in enumerate(blocks):
-            if block.get("type") != "text":
-                raise ApiInputError(f"system[{i}]: only text blocks are allowed in system")
-        messages.append({"role": "system", "content": "".join(_text(b, "system") for b in blocks)})
+        messages.append({"role": "system", "content": _system_text(system, "system")})
     raw = as_list(body.get("messages"), "messages")
     if not raw:
         raise ApiInputError("messages: at least one message is required")
     for i, message in enumerate(raw):
         message = as_dict(message, f"messages[{i}]")
         role = message.get("role")
+        if role == "system":
+            # A system message among the turns (Claude Code sends its agent list and environment so)
+            # stays in its place, as a chat system message.
+            messages.append(
+                {"role": "system", "content": _system_text(message.get("content"), f"messages[{i}].content")}
+            )
+            continue
         if role not in ("user", "assistant"):
-            raise ApiInputError(f"messages[{i}].role must be user or assistant")
+            raise ApiInputError(f"messages[{i}].role must be user, assistant or system")
         _add_message(
             messages, role, _blocks(message.get("content"), f"messages[{i}].content"), f"messages[{i}]"
         )
