@@ -10,6 +10,18 @@ import structlog
 CHATTY_LOGGERS = ("httpx", "httpcore")
 
 
+class _CurrentStderr:
+    """Whatever `sys.stderr` is when a line is written: a logger is cached on its first use
+    (`cache_logger_on_first_use`), and the stream it was bound to then may be gone by now (a
+    redirected or captured stderr, in tests and in embedding programs)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(level: str = "info") -> None:
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
@@ -32,7 +44,7 @@ def configure_logging(level: str = "info") -> None:
             ),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
 

@@ -29,6 +29,7 @@ from agentlightning.schemas import Rollout
 from agentlightning.server.events import appended_event, make_record, render_events
 from agentlightning.server.store import MemoryStore, SqliteStore, Store
 from agentlightning.server.store import delta as delta_mod
+from agentlightning.server.store import sqlite as sqlite_mod
 from agentlightning.server.store.base import StoredEvent
 from agentlightning.server.store.delta import PH_MESSAGES, CallIndex
 
@@ -390,7 +391,9 @@ async def test_a_version_1_database_is_upgraded_and_reads_as_before(
     finally:
         await store.close()
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 3  # 3: the dashboard's tables
+    assert (
+        conn.execute("PRAGMA user_version").fetchone()[0] == sqlite_mod.SCHEMA_VERSION
+    )  # upgraded to today's
     assert conn.execute("SELECT count(call) FROM events").fetchone()[0] == 2
     conn.close()
 
