@@ -1,8 +1,9 @@
-"""`agl-train`: train with the built-in torch backend from the command line.
+"""`agl-train` (backend=torch, the default): train with the built-in torch backend.
 
-    agl-train [backend=torch|verl] [--config FILE.yaml] [key=value ...]
+    agl-train [backend=torch] [--config FILE.yaml] [key=value ...]
 
-`backend=verl` hands the same arguments to `agentlightning.verl.cli` (verl + vLLM on Ray).
+`agl-train` itself is `agentlightning.commands.backends`, which picks the backend by name and
+calls `main` here with the arguments less `backend=`.
 
 Composes `agentlightning/config/train.yaml`, an optional file and dotted overrides, then runs
 `run_ppo`. The Gateway (`agentlightning.agl_base_url`) and a controller must be running.
@@ -82,16 +83,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     if "-h" in args or "--help" in args:
         print(help_text())
         return
-    backends = [a for a in args if a.startswith("backend=")]
-    args = [a for a in args if not a.startswith("backend=")]
-    backend = backends[-1].partition("=")[2] if backends else "torch"
-    if backend == "verl":
-        from agentlightning.verl.cli import main as verl_main
-
-        verl_main(args)
-        return
-    if backend != "torch":
-        fail(PROG, f"backend must be torch or verl, got {backend!r}")
     cfg = load_cli_config("train", args, prog=PROG, strict=False)
     setup_logging(PROG, str(cfg.trainer.log_level), "trainer.")
     from transformers.utils import logging as hf_logging
@@ -121,5 +112,5 @@ def main(argv: Sequence[str] | None = None) -> None:
         fail(PROG, f"algorithm.distill: {exc}", 1)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the torch backend alone; `agl-train` is agentlightning.commands.backends
     main()
