@@ -35,29 +35,12 @@ def help_text() -> str:
     from the schema: generated, so that no key the trainer reads is missing."""
     from omegaconf import OmegaConf
 
-    from agentlightning.torch_backend.config import TorchBackendConfig, torch_read_keys
-    from agentlightning.torch_backend.losses import RolloutCorrection
-    from agentlightning.trainer.config import (
-        FIXED_VERL_KEYS,
-        VERL_KEYS,
-        AgentLightningConfig,
-        DataConfig,
-        TrainerConfig,
-        leaf_items,
-    )
+    from agentlightning.torch_backend.config import torch_default, torch_read_keys
+    from agentlightning.trainer.config import FIXED_VERL_KEYS, leaf_items
 
     shipped = load_cli_config("train", [], prog=PROG, strict=False)
     read, maps = torch_read_keys()
     shown = {key for key, _ in leaf_items(shipped, maps=maps)}
-    schema = OmegaConf.create(
-        {
-            "actor_rollout_ref": OmegaConf.structured(TorchBackendConfig),
-            "agentlightning": OmegaConf.structured(AgentLightningConfig),
-            "trainer": OmegaConf.structured(TrainerConfig),
-            "data": OmegaConf.structured(DataConfig),
-            "algorithm": {"rollout_correction": OmegaConf.structured(RolloutCorrection)},
-        }
-    )
     lines = []
     for key in sorted((read | maps) - shown):
         if key in FIXED_VERL_KEYS:  # verl's key, accepted at the values the core implements
@@ -65,10 +48,7 @@ def help_text() -> str:
                 f"  {key}: {json.dumps(FIXED_VERL_KEYS[key][-1])} (or {json.dumps(FIXED_VERL_KEYS[key][:-1])})"
             )
             continue
-        default = VERL_KEYS[key][1] if key in VERL_KEYS else OmegaConf.select(schema, key)
-        if OmegaConf.is_config(default):
-            default = OmegaConf.to_container(default)
-        lines.append(f"  {key}: {json.dumps(default)}")
+        lines.append(f"  {key}: {json.dumps(torch_default(key))}")
     return (
         USAGE.format(prog=PROG, defaults=OmegaConf.to_yaml(shipped)).replace(
             "usage: agl-train", HELP_USAGE, 1
