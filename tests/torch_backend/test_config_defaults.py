@@ -43,3 +43,14 @@ def test_train_yaml_writes_the_schemas_defaults() -> None:
     assert not unexplained, [(key, shipped[key], torch_default(key)) for key in unexplained]
     stale = sorted(set(DIFFERENT) - differ)
     assert not stale, f"the same now, delete from DIFFERENT: {stale}"
+
+
+def test_the_verl_configs_agentlightning_block_writes_the_same_defaults() -> None:
+    """verl's config.yaml carries our `agentlightning` block too (verl's own keys keep verl's
+    defaults): the same values as the torch backend's."""
+    verl = OmegaConf.load(PKG / "verl" / "config.yaml")
+    _, maps = torch_read_keys()
+    ours = {k: v for k, v in leaf_items(verl, maps=maps) if k.startswith("agentlightning.")}
+    assert "agentlightning.agl_base_url" in ours
+    for key, value in ours.items():
+        assert value == torch_default(key), key
