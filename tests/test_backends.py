@@ -60,3 +60,16 @@ def test_help_is_the_torch_backends_whatever_the_backend() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: agl-train [backend=torch|verl]")
+
+
+def test_a_backend_that_is_not_installed_exits_2_saying_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # as `backend=verl` without verl: its package refuses to import, naming the release to install
+    monkeypatch.setitem(BACKENDS, "gone", "agentlightning.no_such_backend:main")
+    with pytest.raises(SystemExit) as exc:
+        main(["backend=gone"])
+    assert exc.value.code == 2
+    assert (
+        "agl-train backend=gone: No module named 'agentlightning.no_such_backend'" in capsys.readouterr().err
+    )

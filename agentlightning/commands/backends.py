@@ -26,11 +26,16 @@ BACKENDS: dict[str, str] = {
 
 
 def backend_command(name: str) -> Callable[[list[str]], Any]:
-    """The named backend's command line; exits 2 naming the backends for an unknown name."""
+    """The named backend's command line; exits 2 naming the backends for an unknown name, and
+    saying what to install for one that is not installed (verl: the supported release)."""
     if name not in BACKENDS:
         fail(PROG, f"backend must be {' or '.join(BACKENDS)}, got {name!r}")
     module, _, function = BACKENDS[name].partition(":")
-    entry: Callable[[list[str]], Any] = getattr(importlib.import_module(module), function)
+    try:
+        loaded = importlib.import_module(module)
+    except ImportError as exc:  # VerlVersionError says which verl and how to install it
+        fail(f"{PROG} backend={name}", str(exc))
+    entry: Callable[[list[str]], Any] = getattr(loaded, function)
     return entry
 
 
