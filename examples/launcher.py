@@ -1,5 +1,6 @@
 """The examples' training entry point: our base training config, the example's overrides, the
-command line; then the chosen backend's `run_ppo`.
+command line; then `agl-train` on that config with the chosen backend (the one training command:
+its messages, exit codes and Ctrl-C/SIGTERM handling).
 
     python train_calc_agent.py --train-file data/sample.jsonl --val-file data/sample.jsonl \\
         [--model PATH] [--agl-base-url URL] [--agl-key KEY] [--run-name NAME] [--async] \\
@@ -12,11 +13,9 @@ docs/training.md). The Gateway and a Controller must be running (`run_local.sh` 
 from __future__ import annotations
 
 import argparse
-import importlib
-import logging
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,48 +83,21 @@ def build_config(
     return cfg
 
 
-def load_run_ppo(backend: str) -> Callable[..., Any]:
-    """The backend's `run_ppo(config)`; a clear exit when the backend is not installed."""
-    if backend == "torch":
-        from agentlightning.torch_backend.trainer import run_ppo
+EFFECTIVE_CONFIG = "agl-train.yaml"  # the composed config, in the run's output folder (as `agl train`)
 
-        return run_ppo
-    for module_name in ("agentlightning.verl.run_ppo", "agentlightning.verl"):
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        found = getattr(module, "run_ppo", None)
-        if found is not None and not callable(found):  # the run_ppo submodule
-            found = getattr(found, "run_ppo", None)
-        if callable(found):
-            return found
-    raise SystemExit(
-        "--backend verl: agentlightning.verl.run_ppo is not available in this installation "
-        "(it needs the verl backend and its venv: see docs/verl.md); use --backend torch"
-    )
+
+def write_config(cfg: DictConfig) -> Path:
+    """The composed config as a file in the run's output folder: what `agl-train` reads."""
+    out = Path(str(cfg.trainer.output_dir)).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, out / EFFECTIVE_CONFIG)
+    return out / EFFECTIVE_CONFIG
 
 
 def main(example: Mapping[str, Any], argv: Sequence[str] | None = None, prog: str | None = None) -> None:
     prog = prog or Path(sys.argv[0]).name
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv, prog)
-    cfg = build_config(example, args, overrides, prog)
-    run_ppo = load_run_ppo(args.backend)
-    from agentlightning.client import GatewayUnavailable, Unauthorized
-    from agentlightning.config.loader import catch_interrupts, exit_on_interrupt
-    from agentlightning.log import configure_logging
-    from agentlightning.trainer.config import ConfigError
+    cfg = build_config(example, args, overrides, prog)  # a bad option or key exits 2 here, early
+    from agentlightning.commands.backends import main as agl_train
 
-    configure_logging(str(cfg.trainer.log_level))
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per Gateway request is noise
-    # SIGTERM (run_local.sh's clean-up) stops training like Ctrl-C: rollouts in flight are failed.
-    catch_interrupts()
-    try:
-        with exit_on_interrupt(prog):
-            run_ppo(cfg)
-    except ConfigError as exc:
-        print(f"{prog}: bad config: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except (GatewayUnavailable, Unauthorized) as exc:
-        print(f"{prog}: the Gateway at {cfg.agentlightning.agl_base_url}: {exc}", file=sys.stderr)
-        raise SystemExit(1) from None
+    agl_train([f"backend={args.backend}", "--config", str(write_config(cfg))])

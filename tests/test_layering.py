@@ -75,11 +75,7 @@ ALLOWED: dict[str, set[str]] = {
 
 # Known crossings still to be removed, each with the change that removes it. The test fails when
 # one of them is gone too, so that the entry is deleted with the import.
-KNOWN: dict[tuple[str, str], str] = {
-    # agl-train is the torch backend's command line and hands `backend=verl` on (lazily); moving
-    # the command would move what the demo, the benches and the tests start.
-    ("agentlightning.torch_backend.cli", "verl"): "agl-train's backend=verl dispatch",
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 ROOT = Path(__file__).resolve().parent.parent
 

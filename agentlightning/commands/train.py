@@ -184,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(user, out / EFFECTIVE_CONFIG)
         backend = [*backend, "--config", str(out / EFFECTIVE_CONFIG)]
-    from agentlightning.torch_backend.cli import main as agl_train  # torch, or verl by backend=
+    from agentlightning.commands.backends import main as agl_train  # torch, or verl by backend=
 
     if names_gateway(user, overrides):
         agl_train([*backend, *overrides])

@@ -248,7 +248,7 @@ class Demo:
         """The trainer process's arguments (after the interpreter): `agl-train` on `train.yaml`."""
         return [
             "-m",
-            "agentlightning.torch_backend.cli",
+            "agentlightning.commands.backends",  # agl-train
             f"backend={self.cfg.trainer_backend}",
             "--config",
             str(self.config_path),

@@ -1,8 +1,9 @@
-"""`agl-train`: train with the built-in torch backend from the command line.
+"""`agl-train` (backend=torch, the default): train with the built-in torch backend.
 
-    agl-train [backend=torch|verl] [--config FILE.yaml] [key=value ...]
+    agl-train [backend=torch] [--config FILE.yaml] [key=value ...]
 
-`backend=verl` hands the same arguments to `agentlightning.verl.cli` (verl + vLLM on Ray).
+`agl-train` itself is `agentlightning.commands.backends`, which picks the backend by name and
+calls `main` here with the arguments less `backend=`.
 
 Composes `agentlightning/config/train.yaml`, an optional file and dotted overrides, then runs
 `run_ppo`. The Gateway (`agentlightning.agl_base_url`) and a controller must be running.
@@ -34,29 +35,12 @@ def help_text() -> str:
     from the schema: generated, so that no key the trainer reads is missing."""
     from omegaconf import OmegaConf
 
-    from agentlightning.torch_backend.config import TorchBackendConfig, torch_read_keys
-    from agentlightning.torch_backend.losses import RolloutCorrection
-    from agentlightning.trainer.config import (
-        FIXED_VERL_KEYS,
-        VERL_KEYS,
-        AgentLightningConfig,
-        DataConfig,
-        TrainerConfig,
-        leaf_items,
-    )
+    from agentlightning.torch_backend.config import torch_default, torch_read_keys
+    from agentlightning.trainer.config import FIXED_VERL_KEYS, leaf_items
 
     shipped = load_cli_config("train", [], prog=PROG, strict=False)
     read, maps = torch_read_keys()
     shown = {key for key, _ in leaf_items(shipped, maps=maps)}
-    schema = OmegaConf.create(
-        {
-            "actor_rollout_ref": OmegaConf.structured(TorchBackendConfig),
-            "agentlightning": OmegaConf.structured(AgentLightningConfig),
-            "trainer": OmegaConf.structured(TrainerConfig),
-            "data": OmegaConf.structured(DataConfig),
-            "algorithm": {"rollout_correction": OmegaConf.structured(RolloutCorrection)},
-        }
-    )
     lines = []
     for key in sorted((read | maps) - shown):
         if key in FIXED_VERL_KEYS:  # verl's key, accepted at the values the core implements
@@ -64,10 +48,7 @@ def help_text() -> str:
                 f"  {key}: {json.dumps(FIXED_VERL_KEYS[key][-1])} (or {json.dumps(FIXED_VERL_KEYS[key][:-1])})"
             )
             continue
-        default = VERL_KEYS[key][1] if key in VERL_KEYS else OmegaConf.select(schema, key)
-        if OmegaConf.is_config(default):
-            default = OmegaConf.to_container(default)
-        lines.append(f"  {key}: {json.dumps(default)}")
+        lines.append(f"  {key}: {json.dumps(torch_default(key))}")
     return (
         USAGE.format(prog=PROG, defaults=OmegaConf.to_yaml(shipped)).replace(
             "usage: agl-train", HELP_USAGE, 1
@@ -82,16 +63,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     if "-h" in args or "--help" in args:
         print(help_text())
         return
-    backends = [a for a in args if a.startswith("backend=")]
-    args = [a for a in args if not a.startswith("backend=")]
-    backend = backends[-1].partition("=")[2] if backends else "torch"
-    if backend == "verl":
-        from agentlightning.verl.cli import main as verl_main
-
-        verl_main(args)
-        return
-    if backend != "torch":
-        fail(PROG, f"backend must be torch or verl, got {backend!r}")
     cfg = load_cli_config("train", args, prog=PROG, strict=False)
     setup_logging(PROG, str(cfg.trainer.log_level), "trainer.")
     from transformers.utils import logging as hf_logging
@@ -121,5 +92,5 @@ def main(argv: Sequence[str] | None = None) -> None:
         fail(PROG, f"algorithm.distill: {exc}", 1)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the torch backend alone; `agl-train` is agentlightning.commands.backends
     main()

@@ -11,6 +11,7 @@ the key.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -20,6 +21,9 @@ from agentlightning.torch_backend.lora import LoraSettings, lora_settings
 from agentlightning.torch_backend.losses import RolloutCorrection
 from agentlightning.torch_backend.policy import ActorConfig
 from agentlightning.trainer.config import (
+    FIXED_VERL_KEYS,
+    VERL_KEYS,
+    AgentLightningConfig,
     ConfigError,
     DataConfig,
     TrainerConfig,
@@ -253,6 +257,42 @@ def torch_read_keys() -> tuple[set[str], set[str]]:
     # user-chosen names below (outcomes: checked by trainer/outcomes.py when the loop is made)
     maps |= {"agentlightning.local.env_map", "agentlightning.policies", "agentlightning.outcomes"}
     return read, maps
+
+
+@cache
+def _schema_defaults() -> DictConfig:
+    schema = OmegaConf.create(
+        {
+            "actor_rollout_ref": OmegaConf.structured(TorchBackendConfig),
+            "agentlightning": OmegaConf.structured(AgentLightningConfig),
+            "trainer": OmegaConf.structured(TrainerConfig),
+            "data": OmegaConf.structured(DataConfig),
+            "algorithm": {
+                "rollout_correction": OmegaConf.structured(RolloutCorrection),
+                "distill": OmegaConf.structured(DistillConfig),
+            },
+        }
+    )
+    OmegaConf.set_readonly(schema, True)
+    return schema
+
+
+_ABSENT = object()
+
+
+def torch_default(key: str) -> Any:
+    """The value the torch backend uses for `key` when no config sets it. The defaults are written
+    once, in the schemas (the dataclasses here and in trainer/config.py, `VERL_KEYS` for the
+    core's verl-named keys): `agl-train --help` shows them, and the shipped train.yaml is checked
+    against them (tests/torch_backend/test_config_defaults.py). KeyError: a key it does not read."""
+    if key in FIXED_VERL_KEYS:
+        return FIXED_VERL_KEYS[key][-1]
+    if key in VERL_KEYS:
+        return VERL_KEYS[key][1]
+    value = OmegaConf.select(_schema_defaults(), key, default=_ABSENT)
+    if value is _ABSENT:
+        raise KeyError(key)
+    return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
 
 
 def check_torch_keys(cfg: DictConfig | dict[str, Any]) -> dict[str, str]:

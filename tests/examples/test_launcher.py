@@ -10,6 +10,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from omegaconf import OmegaConf
 
 from agentlightning.testing.example_stack import EXAMPLES
 from agentlightning.torch_backend.config import load_torch_backend_config
@@ -95,18 +96,35 @@ def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str
     assert "usage:" in capsys.readouterr().err
 
 
-def test_verl_backend_missing_exits_with_a_clear_message(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "agentlightning.verl.run_ppo", None)  # import raises ImportError
-    monkeypatch.setitem(sys.modules, "agentlightning.verl", None)
-    with pytest.raises(SystemExit) as exc:
-        launcher.load_run_ppo("verl")
-    assert "agentlightning.verl.run_ppo is not available" in str(exc.value.code)
+CALLS: list[tuple[str, list[str]]] = []  # (backend, argv) the recorders below were called with
 
 
-def test_torch_backend_run_ppo() -> None:
-    from agentlightning.torch_backend.trainer import run_ppo
+def record_torch(argv: list[str]) -> None:
+    CALLS.append(("torch", argv))
 
-    assert launcher.load_run_ppo("torch") is run_ppo
+
+def record_verl(argv: list[str]) -> None:
+    CALLS.append(("verl", argv))
+
+
+@pytest.mark.parametrize("backend", ["torch", "verl"])
+def test_main_trains_through_agl_train_with_the_chosen_backend(
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentlightning.commands.backends import BACKENDS
+
+    monkeypatch.setitem(BACKENDS, "torch", f"{__name__}:record_torch")
+    monkeypatch.setitem(BACKENDS, "verl", f"{__name__}:record_verl")
+    CALLS.clear()
+    argv = ["--train-file", SAMPLE, "--backend", backend, "--async", f"trainer.output_dir={tmp_path}"]
+    launcher.main(calc_x.CALC_X, argv, prog="test")
+    path = tmp_path / launcher.EFFECTIVE_CONFIG
+    assert CALLS == [(backend, ["--config", str(path)])]
+    # the file agl-train reads is the composed config: train.yaml <- the example <- options <- overrides
+    written = OmegaConf.load(path)
+    assert written.data.train_batch_size == 32 and written.data.train_files == SAMPLE
+    assert written.agentlightning.async_rollout.async_train_batch_size == 64
+    assert written.actor_rollout_ref.actor.optim.weight_decay == 0.01
 
 
 @pytest.mark.parametrize("example", ["gsm8k", "openai_agents", "langgraph"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from agentlightning.torch_backend.cli import main as agl_train
+from agentlightning.commands.backends import main as agl_train
 from agentlightning.torch_backend.config import torch_read_keys
 from agentlightning.trainer.config import leaf_items
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
-from agentlightning.torch_backend.cli import main as agl_train
+from agentlightning.commands.backends import main as agl_train
 from agentlightning.torch_backend.config import (
     TORCH_FIXED_KEYS,
     check_torch_keys,

@@ -152,7 +152,7 @@ def test_resume_after_a_crash_continues_step_count_and_data_order(
     Path(cfg.data.train_files).write_text("".join(json.dumps(s) + "\n" for s in train))
     path = tmp_path / "train.yaml"
     OmegaConf.save(cfg, path)
-    argv = [sys.executable, "-m", "agentlightning.torch_backend.cli", "--config", str(path)]
+    argv = [sys.executable, "-m", "agentlightning.commands.backends", "--config", str(path)]
     checkpoints = tmp_path / "run" / "checkpoints"
 
     first = ManagedProcess("trainer", argv, tmp_path / "trainer-1.log", cwd=REPO).start()
@@ -352,7 +352,7 @@ def test_async_mode_publishes_while_agents_call_and_no_call_fails(
 )
 def test_agl_train_exits_2_naming_the_bad_key(args: list[str], message: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "agentlightning.torch_backend.cli", *args],
+        [sys.executable, "-m", "agentlightning.commands.backends", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -47,7 +47,7 @@ def test_scripts_refuse_without_a_gpu(script: tuple[str, ...]) -> None:
 
 def agl_train(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     """`agl-train ARGS` in this process (the verl import is already paid for): exit code, stderr."""
-    from agentlightning.torch_backend.cli import main
+    from agentlightning.commands.backends import main
 
     # keep the process's logging as it is: configured here, it would print to capsys' stream,
     # closed by the time later tests log
