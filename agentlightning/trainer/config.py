@@ -271,6 +271,9 @@ class AgentLightningConfig:
     rollout_grace_seconds: float = 120.0
     unclaimed_warning_seconds: float = 30.0  # no rollout taken from the queue by then: a warning; 0: never
     keep_rollouts: bool = False
+    # Without keep_rollouts: the newest this many collected rollouts stay on the Gateway (the
+    # dashboard shows the run's last ones); older ones are deleted. 0: each one once collected.
+    keep_last_rollouts: int = 256
     hooks: str | None = None  # v1.0: a Python file with one RolloutHooks subclass (agentlightning/hooks.py)
     fetch_concurrency: int = 8
     poll_wait_seconds: float = 30.0
@@ -343,6 +346,7 @@ class AgentLightningConfig:
         if not math.isfinite(self.reward_fillna_value):
             raise ConfigError("agentlightning.reward_fillna_value must be a finite number")
         _int("agentlightning.fetch_concurrency", self.fetch_concurrency, 1)
+        _int("agentlightning.keep_last_rollouts", self.keep_last_rollouts, 0)
         _int("agentlightning.max_ppo_update_times", self.max_ppo_update_times, 1, allow_none=True)
         agg = self.trace_aggregator
         _int(

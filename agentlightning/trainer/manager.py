@@ -17,8 +17,8 @@
   request per rollout from a v1.0 Gateway), in the `triplet_delta` format where the Gateway
   has it: a call's prompt comes as a reference to an earlier call's plus the new ids, so a
   long-horizon rollout's shared prefixes are not sent again (docs/long_horizon.md). Unless
-  `keep_rollouts` is set, they are deleted from the Gateway in the background once the
-  trainer waits for rollouts again.
+  `keep_rollouts` is set, all but the newest `keep_last_rollouts` (left for the dashboard) are
+  deleted from the Gateway in the background once the trainer waits for rollouts again.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import contextlib
 import itertools
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -134,6 +135,7 @@ class RolloutManager:
         self._delta_format = True  # False: the Gateway's batch route has no triplet_delta
         self._deletions: list[Future[int]] = []
         self._to_delete: list[str] = []
+        self._kept: deque[str] = deque()  # the newest collected rollouts, left for the dashboard
         self._stall_seconds = agl.rollout_timeout_seconds + agl.rollout_grace_seconds
         self._lost_check_interval = min(60.0, max(1.0, self._stall_seconds / 4))
         self._last_progress = time.monotonic()
@@ -339,7 +341,7 @@ class RolloutManager:
             if collected:
                 self._last_progress = time.monotonic()
                 if not self.config.agl.keep_rollouts:
-                    self._delete_later(collected)
+                    self._keep_newest(collected)
         self._reap_deletions()
 
     def _fetch_chunk(self, items: Sequence[TerminalItem]) -> list[CollectedRollout]:
@@ -410,6 +412,14 @@ class RolloutManager:
     # Deletes free the Gateway's storage and nothing needs to wait for them. They are sent when
     # the trainer next waits for rollouts, and run in the background: not while it builds the
     # batch, when the Gateway's work (~2 ms of CPU per rollout with SQLite) would compete.
+
+    def _keep_newest(self, rollout_ids: list[str]) -> None:
+        """Leave the newest `keep_last_rollouts` collected rollouts on the Gateway, so that the
+        dashboard shows the run's last ones after it ends; the older ones are deleted."""
+        self._kept.extend(rollout_ids)
+        over = len(self._kept) - self.config.agl.keep_last_rollouts
+        if over > 0:
+            self._delete_later([self._kept.popleft() for _ in range(over)])
 
     def _delete_later(self, rollout_ids: list[str]) -> None:
         self._to_delete.extend(rollout_ids)

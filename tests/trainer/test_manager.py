@@ -28,6 +28,7 @@ def _config(gateway, **agl):
                 "agl_base_url": gateway.url,
                 "agl_key": gateway.key,
                 "poll_wait_seconds": 5,
+                "keep_last_rollouts": 0,  # these tests see each collected rollout deleted
                 **agl,
             },
         }
@@ -129,6 +130,30 @@ def test_keep_rollouts_leaves_them_on_the_gateway(gateway):
     ):
         rollouts, _ = manager.collect([{"k": 0}], step=0, n=2)
         assert {r.rollout_id for r in manager.client.list_rollouts()} == {r.rollout_id for r in rollouts}
+
+
+def test_the_newest_collected_rollouts_stay_for_the_dashboard_the_older_are_deleted(gateway):
+    cfg = _config(gateway, keep_last_rollouts=3)
+    with (
+        RolloutManager(cfg) as manager,
+        Driver(gateway.url, gateway.key, lambda r: ([], 1.0, RolloutState.SUCCEEDED)),
+    ):
+        first, _ = manager.collect([{"k": 0}], step=0, n=2)
+        assert manager.flush_deletions() == 0  # 2 collected: under the bound
+        second, _ = manager.collect([{"k": 1}], step=1, n=2)
+        third, _ = manager.collect([{"k": 2}], step=2, n=2)
+        assert manager.flush_deletions() == 3  # 6 collected, 3 kept
+    with GatewayClient(gateway.url, gateway.key) as client:
+        left = {r.rollout_id for r in client.list_rollouts()}
+    collected = [r.rollout_id for r in first + second + third]
+    assert len(left) == 3 and left <= set(collected)
+    assert {r.rollout_id for r in third} <= left  # the last step's are among the newest
+    assert not {r.rollout_id for r in first} & left  # the oldest went
+
+
+def test_keep_last_rollouts_must_be_a_count():
+    with pytest.raises(ValueError, match=r"agentlightning.keep_last_rollouts must be >= 0, got -1"):
+        load_core_config({"agentlightning": {"keep_last_rollouts": -1}})
 
 
 def test_failed_rollouts_report_their_error_message(gateway):
