@@ -38,6 +38,7 @@ from agentlightning.client import (
     Conflict,
     GatewayClient,
     GatewayError,
+    GatewayUnavailable,
     NotFound,
 )
 from agentlightning.log import get_logger
@@ -55,7 +56,7 @@ from agentlightning.trainer.collected import CollectedRollout
 from agentlightning.trainer.config import CoreConfig
 from agentlightning.trainer.gcpause import gc_paused
 from agentlightning.trainer.hooks import HookRunner
-from agentlightning.trainer.publish import EndpointPublisher, update_together
+from agentlightning.trainer.publish import EndpointPublisher, LeaseKeeper, update_together
 from agentlightning.wire import expand_prompt_refs
 
 OUTCOME_NAMES = frozenset(o.value for o in AttemptOutcome)  # a newer Gateway's other names: derived
@@ -111,10 +112,13 @@ class RolloutManager:
                 name,
                 agl.async_rollout.drain_timeout_seconds,
                 agl.async_rollout.pause_retry_after_seconds,
+                agl.endpoint_lease_seconds or None,
             )
             for name in agl.policy_names
         }
         self.publisher = next(iter(self.publishers.values()))
+        lease = agl.endpoint_lease_seconds
+        self._lease = LeaseKeeper(self.publishers.values(), lease) if lease else None
         self._rollout_config = RolloutConfig(
             timeout_seconds=agl.rollout_timeout_seconds,
             local=(
@@ -152,6 +156,14 @@ class RolloutManager:
     # --- lifecycle ------------------------------------------------------------------------
 
     def close(self) -> None:
+        """At the trainer's stop: the endpoints' leases end (they serve no more), deletes finish."""
+        if self._lease is not None:
+            self._lease.stop()
+        for publisher in self.publishers.values():
+            try:
+                publisher.unregister()
+            except (GatewayError, GatewayUnavailable) as exc:  # gone: the lease ends them there anyway
+                log.warning("endpoints_not_unregistered", error=str(exc))
         self.flush_deletions()
         self._pool.shutdown(wait=True)
         if self._owns_client:
