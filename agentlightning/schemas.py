@@ -355,6 +355,17 @@ class Model(BaseModel):
         min_length=1, description="base URL of an OpenAI-compatible server, e.g. http://h:8000/v1"
     )
     version: int = Field(default=0, ge=0, description="policy version the endpoint serves")
+    # Additions over v1.0 (absent from answers when unset): a leased endpoint is removed unless
+    # registered again within `lease_seconds` — a trainer renews its own, so a killed trainer's
+    # endpoints go by themselves. `expires_at` (Unix time) is set by the Gateway at registration.
+    lease_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="remove the endpoint unless registered again within this many seconds; 0: remove it now",
+    )
+    expires_at: float | None = Field(
+        default=None, description="set by the Gateway: when a leased endpoint expires"
+    )
 
     @field_validator("endpoint")
     @classmethod

@@ -210,6 +210,7 @@ def core_config(url: str, n: int, max_length: int = 0) -> CoreConfig:
             "agentlightning": {
                 "agl_base_url": url,
                 "agl_key": KEY,
+                "keep_last_rollouts": 0,  # every collected rollout deleted: the deletes are measured
                 "trace_aggregator": {
                     "trajectory_max_prompt_length": max_length or 4096,
                     "trajectory_max_response_length": max_length or 8192,

@@ -271,6 +271,12 @@ class AgentLightningConfig:
     rollout_grace_seconds: float = 120.0
     unclaimed_warning_seconds: float = 30.0  # no rollout taken from the queue by then: a warning; 0: never
     keep_rollouts: bool = False
+    # Without keep_rollouts: the newest this many collected rollouts stay on the Gateway (the
+    # dashboard shows the run's last ones); older ones are deleted. 0: each one once collected.
+    keep_last_rollouts: int = 256
+    # The trainer's endpoints are registered with this lease, renewed while it runs: a killed
+    # trainer's endpoints leave the Gateway's table within it. 0: no lease (they stay, as in v1.0).
+    endpoint_lease_seconds: float = 60.0
     hooks: str | None = None  # v1.0: a Python file with one RolloutHooks subclass (agentlightning/hooks.py)
     fetch_concurrency: int = 8
     poll_wait_seconds: float = 30.0
@@ -343,6 +349,10 @@ class AgentLightningConfig:
         if not math.isfinite(self.reward_fillna_value):
             raise ConfigError("agentlightning.reward_fillna_value must be a finite number")
         _int("agentlightning.fetch_concurrency", self.fetch_concurrency, 1)
+        _int("agentlightning.keep_last_rollouts", self.keep_last_rollouts, 0)
+        lease = self.endpoint_lease_seconds
+        if isinstance(lease, bool) or not isinstance(lease, int | float) or not (0 <= lease < math.inf):
+            raise ConfigError(f"agentlightning.endpoint_lease_seconds must be a number >= 0, got {lease!r}")
         _int("agentlightning.max_ppo_update_times", self.max_ppo_update_times, 1, allow_none=True)
         agg = self.trace_aggregator
         _int(

@@ -16,7 +16,8 @@ Each step:
 version, data position and RNG are restored here and the backend restores its own state from
 the same folder, so the run goes on with the step and the samples an uninterrupted run would
 have had. Groups that were in flight in async mode when the run stopped are not restored:
-their samples count as used.
+their samples count as used. A checkpoint already at the run's last step is refused
+(`RunAlreadyFinished`, a non-zero exit) rather than resumed into a run that does nothing.
 
 Several policies (`agentlightning.policies`, docs/policies.md): the backend is one per policy,
 each serving under the policy's name; every step builds each policy's batch from its view of
@@ -69,6 +70,11 @@ from agentlightning.trainer.tracking import Tracker
 log = get_logger("trainer")
 
 FOREVER_EPOCHS = 10**9  # with trainer.total_training_steps, the data cycles until the steps are done
+
+
+class RunAlreadyFinished(ConfigError):
+    """The checkpoint to resume from is already at the run's last step: nothing would be trained.
+    A ConfigError: the command lines exit 2 with the message (rerun with another output folder)."""
 
 
 class TrainerBackend(Protocol):
@@ -188,6 +194,8 @@ class TrainingLoop:
         random.seed(self.core.agl.seed)
         if resume is not None:
             self._restore(load_loop_state(resume))
+            if self.step >= self.total_steps:
+                raise self._already_finished(resume)
         manager: RolloutManager | None = None
         tracker: Tracker | None = None
         finished = False
@@ -247,9 +255,6 @@ class TrainingLoop:
     def _run(self, manager: RolloutManager, tracker: Tracker) -> None:
         collector = make_collector(manager)
         loop = self.loop
-        if self.step >= self.total_steps:
-            log.info("nothing_to_train", step=self.step, total_steps=self.total_steps)
-            return
         if self.step == 0 and loop.val_before_train:
             metrics = self._validate(manager, tracker)
             if self._judge(metrics, {}) is Verdict.NEW_BEST and loop.keep_best:
@@ -462,6 +467,25 @@ class TrainingLoop:
         if mode == "resume_path":
             return Path(self.loop.resume_from_path or "")
         return latest_checkpoint(self.loop.default_local_dir)
+
+    def _already_finished(self, checkpoint: Path) -> RunAlreadyFinished:
+        """Said at warning level and raised before anything starts: a rerun into the same output
+        folder would otherwise resume the finished run and quietly train nothing."""
+        if self.loop.resume_mode == "auto":
+            again = (
+                "to train again from the start, set another trainer.output_dir or trainer.experiment_name, "
+                f"or trainer.resume_mode=disable (overwrites the checkpoints in {self.loop.default_local_dir})"
+            )
+        else:
+            again = "to train from an earlier step, point trainer.resume_from_path at its checkpoint"
+        log.warning(
+            "run_already_finished", checkpoint=str(checkpoint), step=self.step, total_steps=self.total_steps
+        )
+        return RunAlreadyFinished(
+            f"trainer.resume_mode={self.loop.resume_mode}: the checkpoint {checkpoint} is at step "
+            f"{self.step} of the run's {self.total_steps}: the run is finished, nothing to train; "
+            f"{again}; to train longer, raise trainer.total_training_steps"
+        )
 
     def _save(self, best: bool = False) -> None:
         """Checkpoint this step; `best`: and mark it the best (kept past rotation)."""

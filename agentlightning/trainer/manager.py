@@ -17,8 +17,8 @@
   request per rollout from a v1.0 Gateway), in the `triplet_delta` format where the Gateway
   has it: a call's prompt comes as a reference to an earlier call's plus the new ids, so a
   long-horizon rollout's shared prefixes are not sent again (docs/long_horizon.md). Unless
-  `keep_rollouts` is set, they are deleted from the Gateway in the background once the
-  trainer waits for rollouts again.
+  `keep_rollouts` is set, all but the newest `keep_last_rollouts` (left for the dashboard) are
+  deleted from the Gateway in the background once the trainer waits for rollouts again.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import contextlib
 import itertools
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from agentlightning.client import (
     Conflict,
     GatewayClient,
     GatewayError,
+    GatewayUnavailable,
     NotFound,
 )
 from agentlightning.log import get_logger
@@ -54,7 +56,7 @@ from agentlightning.trainer.collected import CollectedRollout
 from agentlightning.trainer.config import CoreConfig
 from agentlightning.trainer.gcpause import gc_paused
 from agentlightning.trainer.hooks import HookRunner
-from agentlightning.trainer.publish import EndpointPublisher, update_together
+from agentlightning.trainer.publish import EndpointPublisher, LeaseKeeper, update_together
 from agentlightning.wire import expand_prompt_refs
 
 OUTCOME_NAMES = frozenset(o.value for o in AttemptOutcome)  # a newer Gateway's other names: derived
@@ -110,10 +112,13 @@ class RolloutManager:
                 name,
                 agl.async_rollout.drain_timeout_seconds,
                 agl.async_rollout.pause_retry_after_seconds,
+                agl.endpoint_lease_seconds or None,
             )
             for name in agl.policy_names
         }
         self.publisher = next(iter(self.publishers.values()))
+        lease = agl.endpoint_lease_seconds
+        self._lease = LeaseKeeper(self.publishers.values(), lease) if lease else None
         self._rollout_config = RolloutConfig(
             timeout_seconds=agl.rollout_timeout_seconds,
             local=(
@@ -134,6 +139,7 @@ class RolloutManager:
         self._delta_format = True  # False: the Gateway's batch route has no triplet_delta
         self._deletions: list[Future[int]] = []
         self._to_delete: list[str] = []
+        self._kept: deque[str] = deque()  # the newest collected rollouts, left for the dashboard
         self._stall_seconds = agl.rollout_timeout_seconds + agl.rollout_grace_seconds
         self._lost_check_interval = min(60.0, max(1.0, self._stall_seconds / 4))
         self._last_progress = time.monotonic()
@@ -150,6 +156,14 @@ class RolloutManager:
     # --- lifecycle ------------------------------------------------------------------------
 
     def close(self) -> None:
+        """At the trainer's stop: the endpoints' leases end (they serve no more), deletes finish."""
+        if self._lease is not None:
+            self._lease.stop()
+        for publisher in self.publishers.values():
+            try:
+                publisher.unregister()
+            except (GatewayError, GatewayUnavailable) as exc:  # gone: the lease ends them there anyway
+                log.warning("endpoints_not_unregistered", error=str(exc))
         self.flush_deletions()
         self._pool.shutdown(wait=True)
         if self._owns_client:
@@ -339,7 +353,7 @@ class RolloutManager:
             if collected:
                 self._last_progress = time.monotonic()
                 if not self.config.agl.keep_rollouts:
-                    self._delete_later(collected)
+                    self._keep_newest(collected)
         self._reap_deletions()
 
     def _fetch_chunk(self, items: Sequence[TerminalItem]) -> list[CollectedRollout]:
@@ -410,6 +424,14 @@ class RolloutManager:
     # Deletes free the Gateway's storage and nothing needs to wait for them. They are sent when
     # the trainer next waits for rollouts, and run in the background: not while it builds the
     # batch, when the Gateway's work (~2 ms of CPU per rollout with SQLite) would compete.
+
+    def _keep_newest(self, rollout_ids: list[str]) -> None:
+        """Leave the newest `keep_last_rollouts` collected rollouts on the Gateway, so that the
+        dashboard shows the run's last ones after it ends; the older ones are deleted."""
+        self._kept.extend(rollout_ids)
+        over = len(self._kept) - self.config.agl.keep_last_rollouts
+        if over > 0:
+            self._delete_later([self._kept.popleft() for _ in range(over)])
 
     def _delete_later(self, rollout_ids: list[str]) -> None:
         self._to_delete.extend(rollout_ids)

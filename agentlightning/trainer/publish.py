@@ -5,12 +5,17 @@ Retry-After and retry), wait for the calls already in flight to drain (with a de
 the backend publish the new weights, register the endpoints with the new model version,
 resume. The endpoint table is never empty while calls can arrive, so no call meets
 "no endpoints", and every call after the resume records the new version.
+
+The endpoints are registered with a lease (`agentlightning.endpoint_lease_seconds`) that a
+background thread renews (`LeaseKeeper`): a trainer killed with SIGKILL leaves no endpoint behind
+once its lease runs out, and a clean stop ends the lease at once (`EndpointPublisher.unregister`).
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from agentlightning.client import GatewayClient
 from agentlightning.log import get_logger
@@ -36,13 +41,20 @@ class EndpointPublisher:
         model_name: str,
         drain_timeout_seconds: float = 120.0,
         retry_after_seconds: float = 5.0,
+        lease_seconds: float | None = None,
     ) -> None:
         self.client = client
         self.model_name = model_name
         self.drain_timeout_seconds = drain_timeout_seconds
         self.retry_after_seconds = retry_after_seconds
+        self.lease_seconds = lease_seconds  # None: registered for good (v1.0)
         self.endpoints: list[str] = []
         self.version = 0
+        # A renewal from the lease thread never writes an older version over a newer one.
+        self._lock = threading.Lock()
+
+    def _models(self, urls: Sequence[str], version: int, lease: float | None) -> list[Model]:
+        return [Model(model=self.model_name, endpoint=u, version=version, lease_seconds=lease) for u in urls]
 
     def register(self, endpoints: Sequence[str], version: int, replace: bool = False) -> None:
         """Register `endpoints` as serving `version`. `replace` first clears the Gateway's table
@@ -52,20 +64,29 @@ class EndpointPublisher:
             raise ValueError("register at least one inference endpoint")
         if version < 0:
             raise ValueError(f"a model version is >= 0, got {version}")
-        if replace:
-            self.client.delete_models()
-        self.client.register_models([Model(model=self.model_name, endpoint=u, version=version) for u in urls])
-        self.endpoints = urls
-        self.version = version
+        with self._lock:
+            if replace:
+                self.client.delete_models()
+            self.client.register_models(self._models(urls, version, self.lease_seconds))
+            self.endpoints = urls
+            self.version = version
         log.info("endpoints_registered", model=self.model_name, version=version, endpoints=urls)
 
     def refresh(self) -> None:
         """Register the current endpoints and version again (an upsert, never a gap): repairs a
         Gateway that lost its table, e.g. one restarted with the memory store."""
-        if self.endpoints:
-            self.client.register_models(
-                [Model(model=self.model_name, endpoint=u, version=self.version) for u in self.endpoints]
-            )
+        with self._lock:
+            if self.endpoints:
+                self.client.register_models(self._models(self.endpoints, self.version, self.lease_seconds))
+
+    def unregister(self) -> None:
+        """At a clean stop: end the lease of this publisher's endpoints now (only theirs: other
+        models in the table stay). Without a lease (a v1.0 setup) they stay, as in v1.0."""
+        with self._lock:
+            if self.endpoints and self.lease_seconds is not None:
+                self.client.register_models(self._models(self.endpoints, self.version, 0))
+                log.info("endpoints_unregistered", model=self.model_name, endpoints=self.endpoints)
+            self.endpoints = []
 
     def drain(self, timeout: float) -> tuple[bool, int]:
         """Wait until no proxied call is in flight; (drained, calls still in flight)."""
@@ -139,3 +160,30 @@ def update_together(
         "timing/publish_s": publish_seconds,
         "timing/weight_update_s": time.perf_counter() - started,
     }
+
+
+class LeaseKeeper:
+    """Renews the publishers' endpoint leases from a background thread, several times per lease,
+    so that a busy step or a missed renewal does not let them expire; a failed renewal is said
+    and retried at the next one (a Gateway that came back gets the endpoints again)."""
+
+    RENEWALS_PER_LEASE = 4
+
+    def __init__(self, publishers: Iterable[EndpointPublisher], lease_seconds: float) -> None:
+        self.publishers = list(publishers)
+        self.interval = lease_seconds / self.RENEWALS_PER_LEASE
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="agl-endpoint-lease", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            for publisher in self.publishers:
+                try:
+                    publisher.refresh()
+                except Exception as exc:  # the Gateway away for a moment: the next renewal repairs it
+                    log.warning("endpoint_lease_renewal_failed", error=f"{type(exc).__name__}: {exc}")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()

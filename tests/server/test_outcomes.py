@@ -182,6 +182,30 @@ def test_v1_readers_see_the_attempts_they_knew(api: TestClient, fake: FakeModelS
     assert detail["attempt_details"][0]["outcome"] == "agent_error"
 
 
+def test_the_dashboard_counts_the_attempts_of_an_agent_that_failed_before_its_first_call(
+    api: TestClient,
+) -> None:
+    """A wrong agent module: each attempt fails at launch, recording no event. The Controller
+    reports the failed attempt's outcome, retries, and fails the rollout."""
+    start(api, "r1", "a1")
+    r = api.put(
+        "/api/rollouts/r1/attempts/a1/outcome",
+        json={"outcome": "agent_error", "detail": "No module named 'my_agnet'"},
+        headers={"Authorization": f"Bearer {CONTROLLER}"},
+    )
+    assert r.status_code == 200, r.text
+    patch(api, "r1", state="running", last_attempt_id="a2")
+    patch(api, "r1", state="failed", error_message="No module named 'my_agnet'")
+    [row] = api.get("/api/dashboard/rollouts").json()["items"]
+    assert (row["rollout_id"], row["state"], row["attempts"]) == ("r1", "failed", 2)
+    shown = api.get("/api/dashboard/rollouts/r1").json()["attempts"]
+    assert [(a["attempt_id"], a["n_events"], a["outcome"]) for a in shown] == [
+        ("a1", 0, "agent_error"),
+        ("a2", 0, "agent_error"),
+    ]
+    assert [a["attempt_id"] for a in api.get("/api/rollouts/r1").json()["attempt_details"]] == ["a1", "a2"]
+
+
 @pytest.mark.parametrize(
     ("data", "expected"),
     [

@@ -505,3 +505,44 @@ async def test_a_call_to_a_rollout_created_again_elsewhere_is_stored_whole_not_a
     finally:
         for s in (a, b):
             await s.close()
+
+
+async def test_model_leases_round_trip(store: Store) -> None:
+    """A leased endpoint keeps its lease and expiry in the store: every replica sees the same."""
+    from agentlightning.schemas import Model
+
+    leased = Model(model="policy", endpoint="http://h:1/v1", version=2, lease_seconds=60.0, expires_at=1060.0)
+    plain = Model(model="policy", endpoint="http://h:2/v1", version=2)
+    await store.upsert_models([leased, plain])
+    assert sorted(await store.list_models(), key=lambda m: m.endpoint) == [leased, plain]
+    renewed = leased.model_copy(update={"version": 3, "expires_at": 1100.0})
+    await store.upsert_models([renewed])
+    assert sorted(await store.list_models(), key=lambda m: m.endpoint) == [renewed, plain]
+
+
+async def test_a_version_4_sqlite_file_gets_model_leases(tmp_path: Path) -> None:
+    import sqlite3
+
+    from agentlightning.schemas import Model
+
+    path = tmp_path / "g.db"
+    s = SqliteStore(path)
+    await s.open()
+    await s.upsert_models([Model(model="policy", endpoint="http://h:1/v1")])
+    await s.close()
+    conn = sqlite3.connect(path)  # the file as a Gateway of schema 4 left it
+    conn.executescript(
+        "ALTER TABLE models DROP COLUMN lease_seconds; ALTER TABLE models DROP COLUMN expires_at; "
+        "PRAGMA user_version=4;"
+    )
+    conn.close()
+    s = SqliteStore(path)
+    await s.open()
+    try:
+        assert await s.list_models() == [Model(model="policy", endpoint="http://h:1/v1")]  # kept, no lease
+        await s.upsert_models(
+            [Model(model="policy", endpoint="http://h:2/v1", lease_seconds=5, expires_at=9.0)]
+        )
+        assert [m.expires_at for m in await s.list_models()] == [None, 9.0]
+    finally:
+        await s.close()

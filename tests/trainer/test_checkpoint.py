@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from agentlightning.trainer.checkpoint import (
     BEST_FILE,
@@ -22,6 +23,7 @@ from agentlightning.trainer.checkpoint import (
     set_python_rng_state,
     step_dir,
 )
+from agentlightning.trainer.config import ConfigError, load_training_config
 
 
 def write_weights(value: str):
@@ -100,3 +102,49 @@ def test_the_best_checkpoint_is_marked_and_outlives_rotation(tmp_path: Path) -> 
     # A mark whose folder is gone (removed by hand) names no checkpoint.
     mark_best_checkpoint(tmp_path, 1)
     assert best_checkpoint(tmp_path) is None
+
+
+class SavesOnly:
+    """A backend that only saves (nothing of its own): the refusal comes before it starts."""
+
+    started = False
+
+    def save(self, folder: Path) -> None:
+        (folder / "weights.txt").write_text("w")
+
+    def start(self, *args: object) -> list[str]:
+        self.started = True
+        raise AssertionError("the backend started for a run that is already finished")
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("resume_mode", ["auto", "resume_path"])
+def test_rerunning_a_finished_run_is_refused_saying_what_to_do(tmp_path: Path, resume_mode: str) -> None:
+    from agentlightning.trainer.loop import RunAlreadyFinished, TrainingLoop
+
+    trainer = {"total_training_steps": 2, "default_local_dir": str(tmp_path / "ckpt"), "logger": []}
+    cfg = {"data": {"train_batch_size": 1}, "actor_rollout_ref": {"rollout": {"n": 1}}, "trainer": trainer}
+    finished = TrainingLoop(cfg, load_training_config(cfg), SavesOnly(), train_dataset=[{"q": 1}])  # type: ignore[arg-type]
+    finished.step = 2
+    finished._save()
+    trainer.update(resume_mode=resume_mode, resume_from_path=str(step_dir(tmp_path / "ckpt", 2)))
+    backend = SavesOnly()
+    rerun = TrainingLoop(cfg, load_training_config(cfg), backend, train_dataset=[{"q": 1}])  # type: ignore[arg-type]
+    with capture_logs() as logs, pytest.raises(RunAlreadyFinished) as refused:
+        rerun.fit()
+    assert isinstance(refused.value, ConfigError)  # the command lines exit 2 with the message
+    said = str(refused.value)
+    assert f"checkpoint {step_dir(tmp_path / 'ckpt', 2)} is at step 2 of the run's 2" in said
+    if resume_mode == "auto":
+        assert "another trainer.output_dir or trainer.experiment_name, or trainer.resume_mode=disable" in said
+    else:
+        assert "trainer.resume_from_path at its checkpoint" in said
+    assert not backend.started
+    assert [(e["event"], e["log_level"]) for e in logs] == [("run_already_finished", "warning")]
+    # Starting over is still one key away: resume_mode=disable trains from step 0.
+    trainer.update(resume_mode="disable")
+    fresh = TrainingLoop(cfg, load_training_config(cfg), SavesOnly(), train_dataset=[{"q": 1}])  # type: ignore[arg-type]
+    with pytest.raises(AssertionError, match="backend started"):
+        fresh.fit()

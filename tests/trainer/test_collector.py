@@ -22,6 +22,7 @@ def _config(gateway, async_enabled: bool, **agl):
                 "agl_key": gateway.key,
                 "poll_wait_seconds": 5,
                 "async_rollout": {"enabled": async_enabled, "async_train_batch_size": 3},
+                "keep_last_rollouts": 0,  # nothing left on the Gateway once the run ends
                 **agl,
             },
         }

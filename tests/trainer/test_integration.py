@@ -205,7 +205,7 @@ def expected_row(calls: list[list[dict[str, Any]]], messages: list[dict[str, Any
 
 
 def test_tool_calling_rollouts_become_the_expected_rows(gw: RunningGateway, fake: FakeModelServer) -> None:
-    cfg = _config(gw)
+    cfg = _config(gw, keep_last_rollouts=0)
     for question, (_, value) in QUESTIONS.items():
         script_model(fake, question, right=value, wrong=value - 1)
     with RolloutManager(cfg) as manager, Controller(gw) as controller:

@@ -28,6 +28,7 @@ def _config(gateway, **agl):
                 "agl_base_url": gateway.url,
                 "agl_key": gateway.key,
                 "poll_wait_seconds": 5,
+                "keep_last_rollouts": 0,  # these tests see each collected rollout deleted
                 **agl,
             },
         }
@@ -129,6 +130,30 @@ def test_keep_rollouts_leaves_them_on_the_gateway(gateway):
     ):
         rollouts, _ = manager.collect([{"k": 0}], step=0, n=2)
         assert {r.rollout_id for r in manager.client.list_rollouts()} == {r.rollout_id for r in rollouts}
+
+
+def test_the_newest_collected_rollouts_stay_for_the_dashboard_the_older_are_deleted(gateway):
+    cfg = _config(gateway, keep_last_rollouts=3)
+    with (
+        RolloutManager(cfg) as manager,
+        Driver(gateway.url, gateway.key, lambda r: ([], 1.0, RolloutState.SUCCEEDED)),
+    ):
+        first, _ = manager.collect([{"k": 0}], step=0, n=2)
+        assert manager.flush_deletions() == 0  # 2 collected: under the bound
+        second, _ = manager.collect([{"k": 1}], step=1, n=2)
+        third, _ = manager.collect([{"k": 2}], step=2, n=2)
+        assert manager.flush_deletions() == 3  # 6 collected, 3 kept
+    with GatewayClient(gateway.url, gateway.key) as client:
+        left = {r.rollout_id for r in client.list_rollouts()}
+    collected = [r.rollout_id for r in first + second + third]
+    assert len(left) == 3 and left <= set(collected)
+    assert {r.rollout_id for r in third} <= left  # the last step's are among the newest
+    assert not {r.rollout_id for r in first} & left  # the oldest went
+
+
+def test_keep_last_rollouts_must_be_a_count():
+    with pytest.raises(ValueError, match=r"agentlightning.keep_last_rollouts must be >= 0, got -1"):
+        load_core_config({"agentlightning": {"keep_last_rollouts": -1}})
 
 
 def test_failed_rollouts_report_their_error_message(gateway):
@@ -371,3 +396,59 @@ def test_no_warning_once_an_agent_took_a_rollout(gateway, capfd):
         manager.client.patch_rollout(group.rollout_ids[0], state=RolloutState.RUNNING, last_attempt_id="a1")
         assert not manager.wait(lambda: False, timeout=2)
     assert "rollouts_not_claimed" not in "".join(capfd.readouterr())
+
+
+def test_a_clean_stop_removes_the_trainers_endpoints_and_no_other(gateway):
+    with GatewayClient(gateway.url, gateway.key) as client:
+        with RolloutManager(_config(gateway, endpoint_lease_seconds=60)) as manager:
+            manager.register_endpoints(["127.0.0.1:9"], version=3)
+            client.register_models([{"model": "judge", "endpoint": "http://127.0.0.1:8/v1"}])  # not ours
+            (ours,) = [m for m in client.list_models() if m.model == "policy"]
+            assert ours.version == 3 and ours.lease_seconds == 60 and ours.expires_at is not None
+        assert [(m.model, m.endpoint) for m in client.list_models()] == [("judge", "http://127.0.0.1:8/v1")]
+
+
+KILLED_TRAINER = """
+import sys, threading
+from agentlightning.trainer.config import load_core_config
+from agentlightning.trainer.manager import RolloutManager
+url, key = sys.argv[1:3]
+cfg = load_core_config({"agentlightning": {"agl_base_url": url, "agl_key": key, "endpoint_lease_seconds": 2}})
+manager = RolloutManager(cfg)
+manager.register_endpoints(["127.0.0.1:9"], version=1)
+print("registered", flush=True)
+threading.Event().wait()
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_trainers_endpoints_expire_with_their_lease(gateway):
+    import signal
+    import subprocess
+    import sys
+
+    lease = 2.0
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", KILLED_TRAINER, gateway.url, gateway.key], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert trainer.stdout is not None
+        lines = iter(trainer.stdout.readline, "")  # its log lines come first
+        assert any(line.strip() == "registered" for line in lines), "the trainer ended before registering"
+        with GatewayClient(gateway.url, gateway.key) as client:
+            # Alive, it renews: still there after more than one lease.
+            started = time.monotonic()
+            while time.monotonic() - started < 2.5 * lease:
+                assert [m.endpoint for m in client.list_models()] == ["http://127.0.0.1:9/v1"]
+                time.sleep(0.2)
+            trainer.send_signal(signal.SIGKILL)
+            trainer.wait(timeout=30)
+            killed = time.monotonic()
+            while client.list_models():
+                assert time.monotonic() - killed < 30, "the killed trainer's endpoint stayed registered"
+                time.sleep(0.1)
+            assert time.monotonic() - killed <= lease + 5  # within its lease (and a busy machine's slack)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()

@@ -25,6 +25,7 @@ from agentlightning.aggregation import (
 from agentlightning.rewards import last_reward
 from agentlightning.schemas import EVENT_MODEL_REQUEST, EVENT_REWARD, Rollout, RolloutState
 from agentlightning.server.events import render_events
+from agentlightning.server.routes.rollouts import attempt_details
 from agentlightning.server.state import GatewayState, state_dependency
 from agentlightning.server.store import RolloutNotFound
 
@@ -106,6 +107,7 @@ async def rollouts(
     )
     at = time.time()
     items = []
+    outcomes = await state.store.list_outcomes([r.rollout_id for r in page])
     for r in page:
         events = await _events(state, r, "data")
         calls = [e for e in events if e["event_type"] == EVENT_MODEL_REQUEST]
@@ -117,7 +119,8 @@ async def rollouts(
                 "state": r.status.state.value,
                 "reward": last_reward(events),
                 "duration": _duration(r, at),
-                "attempts": len(await state.store.list_attempts(r.rollout_id)),
+                # those that recorded no event too (a failed agent's): as the detail lists them
+                "attempts": len(attempt_details(r, await state.store.list_attempts(r.rollout_id), outcomes)),
                 "model_calls": len(calls),
                 "tokens": sum(_usage_tokens(e["data"].get("usage")) for e in calls),
                 "created_at": r.status.created_at,
@@ -225,25 +228,16 @@ async def rollout_detail(rollout_id: str, state: State) -> dict[str, Any]:
     rollout = await state.store.get_rollout(rollout_id)
     if rollout is None:
         raise RolloutNotFound(rollout_id)
-    attempts = await state.store.list_attempts(rollout_id)
-    outcomes = await state.store.list_outcomes([rollout_id])
+    attempts = attempt_details(
+        rollout, await state.store.list_attempts(rollout_id), await state.store.list_outcomes([rollout_id])
+    )
     events = await _events(state, rollout, "data")
     triplets = await _events(state, rollout, "triplet")
     return {
         "rollout": rollout.model_dump(mode="json"),
         "history": await state.store.status_history(rollout_id),
-        "attempts": [
-            {
-                "attempt_id": a.attempt_id,
-                "n_events": a.n_events,
-                "first_event_at": a.first_event_at,
-                "last_event_at": a.last_event_at,
-                # how it ended (docs/reliability.md): outcome and what showed it
-                "outcome": (outcomes.get((rollout_id, a.attempt_id)) or (None, None))[0],
-                "outcome_detail": (outcomes.get((rollout_id, a.attempt_id)) or (None, None))[1],
-            }
-            for a in attempts
-        ],
+        # each with how it ended (docs/reliability.md): outcome and what showed it
+        "attempts": [a.model_dump(mode="json") for a in attempts],
         "calls": [_call_view(e) for e in events if e["event_type"] == EVENT_MODEL_REQUEST],
         "rewards": [e for e in events if e["event_type"] == EVENT_REWARD],
         "other_events": [e for e in events if e["event_type"] not in (EVENT_MODEL_REQUEST, EVENT_REWARD)],

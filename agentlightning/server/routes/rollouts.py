@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Response
@@ -29,6 +30,7 @@ from agentlightning.schemas import (
 from agentlightning.server.outcomes import finish_attempt
 from agentlightning.server.state import GatewayState, state_dependency
 from agentlightning.server.store import RolloutNotFound
+from agentlightning.server.store.base import AttemptStats, Outcome
 
 router = APIRouter(prefix="/api/rollouts", tags=["rollouts"])
 State = Annotated[GatewayState, Depends(state_dependency)]
@@ -120,7 +122,18 @@ async def get_rollout(rollout_id: str, state: State) -> RolloutDetail:
     if rollout is None:
         raise RolloutNotFound(rollout_id)
     stats = await state.store.list_attempts(rollout_id)
-    outcomes = await state.store.list_outcomes([rollout_id])
+    attempts = attempt_details(rollout, stats, await state.store.list_outcomes([rollout_id]))
+    ids = [s.attempt_id for s in stats]  # as v1.0: the attempts that have events
+    return RolloutDetail(rollout=rollout, attempts=ids, attempt_details=attempts)
+
+
+def attempt_details(
+    rollout: Rollout, stats: Sequence[AttemptStats], outcomes: Mapping[tuple[str, str], Outcome]
+) -> list[Attempt]:
+    """Every attempt of a rollout: those with events (sorted by their first event), then those
+    that recorded none — an agent that failed before its first call still made an attempt, known
+    by its outcome or as the rollout's `last_attempt_id`. `outcomes`: `Store.list_outcomes`."""
+    rollout_id = rollout.rollout_id
 
     def outcome_fields(attempt_id: str) -> dict[str, Any]:
         held = outcomes.get((rollout_id, attempt_id))
@@ -136,14 +149,15 @@ async def get_rollout(rollout_id: str, state: State) -> RolloutDetail:
         )
         for s in stats
     ]
-    ids = [a.attempt_id for a in attempts]  # as v1.0: the attempts that have events
-    for _, attempt_id in outcomes:  # started, nothing recorded yet (the last, or retried ones)
-        if attempt_id and attempt_id not in ids:
+    ids = [a.attempt_id for a in attempts]
+    for rid, attempt_id in outcomes:  # started, nothing recorded yet (the last, or retried ones)
+        if rid == rollout_id and attempt_id and attempt_id not in ids:
+            ids.append(attempt_id)
             attempts.append(Attempt(attempt_id=attempt_id, n_events=0, **outcome_fields(attempt_id)))
     last = rollout.status.last_attempt_id
-    if last is not None and last not in {a.attempt_id for a in attempts}:
+    if last is not None and last not in ids:
         attempts.append(Attempt(attempt_id=last, n_events=0))
-    return RolloutDetail(rollout=rollout, attempts=ids, attempt_details=attempts)
+    return attempts
 
 
 @router.patch("/{rollout_id}", response_model=Rollout)

@@ -152,6 +152,11 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (rollout_id, attempt_id)
     );
     """,
+    # 4: leased model endpoints (a trainer renews its own; a killed trainer's expire)
+    """
+    ALTER TABLE models ADD COLUMN lease_seconds double precision;
+    ALTER TABLE models ADD COLUMN expires_at double precision;
+    """,
 ]
 
 
@@ -698,12 +703,13 @@ class PostgresStore(Store):
     # --- models ---------------------------------------------------------------------------
 
     async def upsert_models(self, models: list[Model]) -> list[Model]:
-        rows = [(m.model, m.endpoint, m.version) for m in models]
+        rows = [(m.model, m.endpoint, m.version, m.lease_seconds, m.expires_at) for m in models]
 
         async def op(conn: asyncpg.Connection) -> None:
             await conn.executemany(
-                "INSERT INTO models(model, endpoint, version) VALUES ($1,$2,$3) "
-                "ON CONFLICT (model, endpoint) DO UPDATE SET version=excluded.version",
+                "INSERT INTO models(model, endpoint, version, lease_seconds, expires_at) VALUES ($1,$2,$3,$4,$5) "
+                "ON CONFLICT (model, endpoint) DO UPDATE SET version=excluded.version, "
+                "lease_seconds=excluded.lease_seconds, expires_at=excluded.expires_at",
                 rows,
             )
             await self._notify(conn, "models")
@@ -712,8 +718,12 @@ class PostgresStore(Store):
         return models
 
     async def list_models(self) -> list[Model]:
-        rows = await self._read(lambda c: c.fetch("SELECT model, endpoint, version FROM models"))
-        return [Model(model=r[0], endpoint=r[1], version=r[2]) for r in rows]
+        rows = await self._read(
+            lambda c: c.fetch("SELECT model, endpoint, version, lease_seconds, expires_at FROM models")
+        )
+        return [
+            Model(model=r[0], endpoint=r[1], version=r[2], lease_seconds=r[3], expires_at=r[4]) for r in rows
+        ]
 
     async def delete_models(self) -> None:
         async def op(conn: asyncpg.Connection) -> None:

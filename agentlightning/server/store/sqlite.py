@@ -57,7 +57,7 @@ from agentlightning.server.store.runs import metric_points, run_summaries
 T = TypeVar("T")
 # 2: events.call (model calls stored as deltas, store/delta.py); 3: status_changes, runs, run_points;
 # 4: attempt_outcomes
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 MAX_BATCH = 1024
 CHECKPOINT_INTERVAL_S = 0.5
 CHECKPOINT_BUSY_MS = 1000  # longest a TRUNCATE checkpoint holds writers back
@@ -100,6 +100,8 @@ CREATE TABLE IF NOT EXISTS models (
     model TEXT NOT NULL,
     endpoint TEXT NOT NULL,
     version INTEGER NOT NULL,
+    lease_seconds REAL,                      -- a leased endpoint expires unless registered again
+    expires_at REAL,
     PRIMARY KEY (model, endpoint)
 );
 CREATE TABLE IF NOT EXISTS status_changes (  -- the dashboard's status history of each rollout
@@ -444,13 +446,17 @@ class SqliteStore(Store):
             has_tables = init.execute("SELECT count(*) FROM sqlite_master WHERE name='rollouts'").fetchone()[
                 0
             ]
-            if has_tables and version not in (1, 2, 3, SCHEMA_VERSION):
+            if has_tables and version not in (1, 2, 3, 4, SCHEMA_VERSION):
                 raise RuntimeError(
                     f"{self.path} has store schema version {version}, this Gateway needs {SCHEMA_VERSION}"
                 )
             init.execute("PRAGMA journal_mode=WAL")
             if has_tables and version == 1:  # its events stay as they are: stored whole
                 init.execute("ALTER TABLE events ADD COLUMN call BLOB")
+            model_columns = {r[1] for r in init.execute("PRAGMA table_info(models)")}
+            if has_tables and "expires_at" not in model_columns:  # schema 4 and before: no leases
+                init.execute("ALTER TABLE models ADD COLUMN lease_seconds REAL")
+                init.execute("ALTER TABLE models ADD COLUMN expires_at REAL")
             init.executescript(SCHEMA)
             init.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             last = init.execute("SELECT max(terminal_seq) FROM rollouts").fetchone()[0]
@@ -766,12 +772,13 @@ class SqliteStore(Store):
     # --- models ---------------------------------------------------------------------------
 
     async def upsert_models(self, models: list[Model]) -> list[Model]:
-        rows = [(m.model, m.endpoint, m.version) for m in models]
+        rows = [(m.model, m.endpoint, m.version, m.lease_seconds, m.expires_at) for m in models]
 
         def op(conn: sqlite3.Connection) -> None:
             conn.executemany(
-                "INSERT INTO models(model, endpoint, version) VALUES (?,?,?) "
-                "ON CONFLICT(model, endpoint) DO UPDATE SET version=excluded.version",
+                "INSERT INTO models(model, endpoint, version, lease_seconds, expires_at) VALUES (?,?,?,?,?) "
+                "ON CONFLICT(model, endpoint) DO UPDATE SET version=excluded.version, "
+                "lease_seconds=excluded.lease_seconds, expires_at=excluded.expires_at",
                 rows,
             )
 
@@ -779,8 +786,14 @@ class SqliteStore(Store):
         return models
 
     async def list_models(self) -> list[Model]:
-        rows = await self._read(lambda c: c.execute("SELECT model, endpoint, version FROM models").fetchall())
-        return [Model(model=r[0], endpoint=r[1], version=r[2]) for r in rows]
+        rows = await self._read(
+            lambda c: c.execute(
+                "SELECT model, endpoint, version, lease_seconds, expires_at FROM models"
+            ).fetchall()
+        )
+        return [
+            Model(model=r[0], endpoint=r[1], version=r[2], lease_seconds=r[3], expires_at=r[4]) for r in rows
+        ]
 
     async def delete_models(self) -> None:
         await self._write(lambda conn: conn.execute("DELETE FROM models") and None)
