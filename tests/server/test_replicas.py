@@ -288,3 +288,25 @@ def test_an_attempt_served_by_both_replicas_in_turn_stays_one_token_sequence(
         ]
         (row,) = aggregate_rollout(triplets, rid, "g", reward=1.0, stats=AggregationStats())
         assert row.n_calls == 3
+
+
+def test_a_lease_expires_on_every_replica_and_ends_on_every_replica(
+    pair: tuple[RunningGateway, RunningGateway],
+) -> None:
+    """Leased endpoints (a trainer's): registered through A, B routes to them; unrenewed, they
+    leave both tables when the lease runs out; a zero lease through B ends A's at once."""
+    a, b = pair
+    api(a, "DELETE", "/api/models")
+
+    def listed(gw: RunningGateway) -> list[str]:
+        return [m["endpoint"] for m in api(gw, "GET", "/api/models").json()]
+
+    short = [{"model": "policy", "endpoint": "http://127.0.0.1:9/v1", "lease_seconds": 1}]
+    assert api(a, "POST", "/api/models", json=short).status_code == 201
+    eventually(lambda: listed(b) == ["http://127.0.0.1:9/v1"])
+    eventually(lambda: listed(a) == [] and listed(b) == [], timeout=30)
+    long = [{**short[0], "lease_seconds": 600}]
+    assert api(a, "POST", "/api/models", json=long).status_code == 201
+    eventually(lambda: listed(b) == ["http://127.0.0.1:9/v1"])
+    assert api(b, "POST", "/api/models", json=[{**short[0], "lease_seconds": 0}]).status_code == 201
+    eventually(lambda: listed(a) == [] and listed(b) == [])
