@@ -418,17 +418,8 @@ class PolicyUpdater:
                 for k, v in self.backward(mb, old if need_old else None).items():
                     sums[k] = max(sums.get(k, v), v) if k in _MAX_STATS else sums[k] + v
                 tokens += sum(len(r.prompt_ids) + len(r.response_ids) for r in mb)
-                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-                grad_norm = float(norm)
-                if math.isfinite(grad_norm):
-                    self.optimizer.step()
-                else:
-                    log.warning("non_finite_grad_norm_step_skipped", grad_norm=grad_norm)
-                    self.optimizer.zero_grad(set_to_none=True)
-                self.scheduler.step()
-                self.steps += 1
+                grad_norms.append(self.optimizer_step())
                 n_steps += 1
-                grad_norms.append(grad_norm)
         elapsed = time.perf_counter() - t0
         self.model.eval()
         metrics = {f"actor/{k}": v if k in _MAX_STATS else v / max(n_steps, 1) for k, v in sums.items()}
