@@ -49,7 +49,7 @@ def test_a_lora_run_resumes_from_its_adapter_with_the_same_steps_versions_and_da
     # The log-probs the Gateway recorded (served by base + adapter) are the policy's: one optimizer
     # step per training step, so the PPO ratio is measured before it and is 1.
     assert all(abs(r["actor/ppo_kl"]) < 1e-4 and r["actor/pg_clipfrac"] == 0 for r in records)
-    assert [m.version for m in client.list_models()] == [3]
+    assert client.list_models() == []  # the clean stop ended the endpoint lease; the version: below
     latest = latest_checkpoint(checkpoints)
     assert latest is not None
     state = load_loop_state(latest)

@@ -120,9 +120,11 @@ def test_run_ppo_trains_validates_publishes_and_checkpoints(
         assert r["training/n_rollouts"] == BATCH * N
         assert r["training/n_turns"] == 2 * BATCH * N  # two calls per rollout, all recorded
         assert r["actor/optimizer_steps"] == 1
-    # Each update was published: the Gateway routes to version 2 now, and every call of step 2
-    # was answered by version 1, the policy being trained (sync mode: nothing stale).
-    assert [m.version for m in client.list_models()] == [2]
+    # Each update was published: the last checkpoint holds version 2, and every call of step 2
+    # was answered by version 1, the policy being trained (sync mode: nothing stale). The clean
+    # stop ended the trainer's endpoint lease: nothing is left in the Gateway's table.
+    assert load_loop_state(tmp_path / "run" / "checkpoints" / "global_step_2")["version"] == 2
+    assert client.list_models() == []
     assert records[2]["training/policy_version"] == 1
     assert records[2]["training/staleness/max"] == 0
     assert records[2]["training/staleness/unknown_version_tokens"] == 0
@@ -238,8 +240,9 @@ def test_a_collapse_rolls_back_to_the_best_checkpoint_at_a_lower_lr(
     assert records[4]["actor/lr"] == pytest.approx(0.5e-3)  # the configured 1e-3, halved
     assert records[2]["actor/lr"] == pytest.approx(1e-3)
     assert records[5]["training/best_val"] == 0.9 and records[5]["training/best_step"] == 4
-    # Five updates and the rollback's publish: version 6 is served.
-    assert [m.version for m in client.list_models()] == [6]
+    # Five updates and the rollback's publish: version 6 was served last (the lease ended at the stop).
+    assert load_loop_state(step_dir(checkpoints, 5))["version"] == 6
+    assert client.list_models() == []
     # The new best is marked and kept; the newest two besides it.
     assert best_checkpoint(checkpoints) == step_dir(checkpoints, 4)
     assert list_checkpoints(checkpoints) == [4, 5]
@@ -328,7 +331,10 @@ def test_async_mode_publishes_while_agents_call_and_no_call_fails(
         assert r["training/async/proxy_drain_timed_out"] == 0
     # Groups carried over a weight update hold tokens of an older policy: measured, not hidden.
     assert sum(r["training/async/n_prev_carry_over_groups"] for r in records) > 0
-    assert [m.version for m in client.list_models()] == [3]
+    assert [r["training/policy_version"] for r in records] == sorted(
+        r["training/policy_version"] for r in records
+    )
+    assert client.list_models() == []  # the clean stop ended the trainer's endpoint lease
 
 
 @pytest.mark.parametrize(
