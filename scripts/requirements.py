@@ -15,7 +15,9 @@ from pathlib import Path
 
 
 def requirements(extras: list[str]) -> list[str]:
-    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())[
+        "project"
+    ]
     optional = project["optional-dependencies"]
     unknown = [e for e in extras if e not in optional]
     if unknown:

@@ -1,4 +1,5 @@
-"""Typed controller configuration. A wrong type, unknown key or bad value fails at start-up naming the key."""
+"""Typed controller configuration, read as every component reads its own (`config/schema.py`): a
+wrong type, an unknown key (with a did-you-mean) or a bad value fails at start-up naming the key."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from omegaconf import DictConfig, OmegaConf
+
+from agentlightning.config.schema import ConfigError, fill
 
 RUNNER_TYPES = ("local", "k8s")
 
@@ -75,7 +78,7 @@ class ControllerConfig:
 def _check_url(key: str, value: str) -> None:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"{key} must be an http(s) URL such as http://127.0.0.1:8080, got {value!r}")
+        raise ConfigError(f"{key} must be an http(s) URL such as http://127.0.0.1:8080, got {value!r}")
 
 
 def _validate(c: ControllerConfig) -> None:
@@ -111,7 +114,7 @@ def _validate(c: ControllerConfig) -> None:
     ]
     for ok, message in checks:
         if not ok:
-            raise ValueError(message)
+            raise ConfigError(message)
     _check_url("agl_server.url", c.agl_server.url)
     if c.agl_server.agent_url:
         _check_url("agl_server.agent_url", c.agl_server.agent_url)
@@ -120,12 +123,8 @@ def _validate(c: ControllerConfig) -> None:
 def load_controller_config(
     cfg: DictConfig | dict[str, Any] | None = None, **overrides: Any
 ) -> ControllerConfig:
-    """Validate a (partial) config against the schema and return it as a typed object.
-
-    Raises omegaconf errors for unknown keys or wrong types and ValueError for bad values.
-    """
-    schema = OmegaConf.structured(ControllerConfig)
-    merged = OmegaConf.merge(schema, cfg or {}, overrides)
-    config: ControllerConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]  # structured from ControllerConfig
+    """Validate a (partial) config against the schema and return it as a typed object; a
+    `ConfigError` names the key of whatever is wrong."""
+    config: ControllerConfig = fill(ControllerConfig, OmegaConf.merge(cfg or {}, overrides))
     _validate(config)
     return config

@@ -196,8 +196,9 @@ class Demo:
         `train.*` overrides (a misspelt key fails here, naming it, not after the warm-up)."""
         if self.cfg.trainer_backend != "torch":
             return  # the verl backend checks its keys at its own start-up (it needs verl installed)
+        from agentlightning.config.schema import ConfigError
         from agentlightning.torch_backend.config import load_torch_backend_config
-        from agentlightning.trainer.config import ConfigError, load_core_config
+        from agentlightning.trainer.config import load_core_config
 
         base = load_cli_config("train", [], prog="agl-demo", strict=False)
         cfg = merge(base, OmegaConf.to_container(self.cfg.train), OmegaConf.from_dotlist(list(overrides)))

@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from agentlightning.client import GatewayClient
 from agentlightning.config.loader import catch_interrupts, exit_on_interrupt, fail, load_cli_config
+from agentlightning.config.schema import ConfigError
 from agentlightning.evaluation import report as reporting
 from agentlightning.evaluation import rollouts
 from agentlightning.evaluation.policies import (
@@ -42,7 +43,6 @@ from agentlightning.evaluation.policies import (
 from agentlightning.launch import Service, start_controller, start_gateway, start_torch_server
 from agentlightning.procs import ProcessFailed
 from agentlightning.schemas import LocalRolloutConfig, RolloutConfig
-from agentlightning.trainer.config import ConfigError
 from agentlightning.trainer.data import load_samples
 
 PROG = "agl-eval"

@@ -1,4 +1,5 @@
-"""Typed Gateway configuration. A wrong type or unknown key fails at start-up naming the key."""
+"""Typed Gateway configuration, read as every component reads its own (`config/schema.py`): a
+wrong type, an unknown key (with a did-you-mean) or a bad value fails at start-up naming the key."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+
+from agentlightning.config.schema import ConfigError, fill
 
 
 @dataclass
@@ -55,17 +58,17 @@ class ProxyConfig:
             "max_backoff_seconds",
         ):
             if getattr(self, name) <= 0:
-                raise ValueError(f"proxy.{name} must be positive, got {getattr(self, name)}")
+                raise ConfigError(f"proxy.{name} must be positive, got {getattr(self, name)}")
         if self.max_tries < 1:
-            raise ValueError(f"proxy.max_tries must be at least 1, got {self.max_tries}")
+            raise ConfigError(f"proxy.max_tries must be at least 1, got {self.max_tries}")
         if not 0 <= self.jitter < 1:
-            raise ValueError(f"proxy.jitter must be in [0, 1), got {self.jitter}")
+            raise ConfigError(f"proxy.jitter must be in [0, 1), got {self.jitter}")
         if self.max_connections < 0:
-            raise ValueError(
+            raise ConfigError(
                 f"proxy.max_connections must be 0 (unlimited) or positive, got {self.max_connections}"
             )
         if self.keepalive_seconds < 0:
-            raise ValueError(f"proxy.keepalive_seconds must be >= 0, got {self.keepalive_seconds}")
+            raise ConfigError(f"proxy.keepalive_seconds must be >= 0, got {self.keepalive_seconds}")
 
 
 @dataclass
@@ -82,11 +85,11 @@ class TlsConfig:
 
     def check(self) -> None:
         if bool(self.certfile) != bool(self.keyfile):
-            raise ValueError("tls.certfile and tls.keyfile must be set together (or neither)")
+            raise ConfigError("tls.certfile and tls.keyfile must be set together (or neither)")
         for name in ("certfile", "keyfile"):
             path = getattr(self, name)
             if path and not Path(path).is_file():
-                raise ValueError(f"tls.{name}: no such file: {path}")
+                raise ConfigError(f"tls.{name}: no such file: {path}")
 
     @property
     def enabled(self) -> bool:
@@ -111,20 +114,19 @@ class ServerConfig:
 
 
 def load_server_config(cfg: DictConfig | dict[str, Any] | None = None, **overrides: Any) -> ServerConfig:
-    """Validate a (partial) config against the schema and return it as a typed object."""
-    schema = OmegaConf.structured(ServerConfig)
-    merged = OmegaConf.merge(schema, cfg or {}, overrides)
-    config: ServerConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]  # structured from ServerConfig above
+    """Validate a (partial) config against the schema and return it as a typed object; a
+    `ConfigError` names the key of whatever is wrong."""
+    config: ServerConfig = fill(ServerConfig, OmegaConf.merge(cfg or {}, overrides))
     if config.max_body_bytes <= 0:
-        raise ValueError(f"max_body_bytes must be positive, got {config.max_body_bytes}")
+        raise ConfigError(f"max_body_bytes must be positive, got {config.max_body_bytes}")
     if config.store.wal_max_bytes <= 0:
-        raise ValueError(f"store.wal_max_bytes must be positive, got {config.store.wal_max_bytes}")
+        raise ConfigError(f"store.wal_max_bytes must be positive, got {config.store.wal_max_bytes}")
     if not 0 < config.port < 65536 and config.port != 0:
-        raise ValueError(f"port must be 0..65535, got {config.port}")
+        raise ConfigError(f"port must be 0..65535, got {config.port}")
     config.proxy.check()
     config.tls.check()
     if config.controller_key and not config.key:
-        raise ValueError("controller_key needs key (the admin key) to be set too: without it auth is off")
+        raise ConfigError("controller_key needs key (the admin key) to be set too: without it auth is off")
     if config.controller_key and config.controller_key == config.key:
-        raise ValueError("controller_key must differ from key")
+        raise ConfigError("controller_key must differ from key")
     return config

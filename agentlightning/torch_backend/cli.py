@@ -35,8 +35,9 @@ def help_text() -> str:
     from the schema: generated, so that no key the trainer reads is missing."""
     from omegaconf import OmegaConf
 
+    from agentlightning.config.schema import leaf_items
     from agentlightning.torch_backend.config import torch_default, torch_read_keys
-    from agentlightning.trainer.config import FIXED_VERL_KEYS, leaf_items
+    from agentlightning.trainer.config import FIXED_VERL_KEYS
 
     shipped = load_cli_config("train", [], prog=PROG, strict=False)
     read, maps = torch_read_keys()
@@ -67,9 +68,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     setup_logging(PROG, str(cfg.trainer.log_level), "trainer.")
     from transformers.utils import logging as hf_logging
 
+    from agentlightning.config.schema import ConfigError
     from agentlightning.torch_backend.distill import DistillError
     from agentlightning.torch_backend.trainer import TorchTrainer  # torch: after the cheap checks
-    from agentlightning.trainer.config import ConfigError
     from agentlightning.trainer.failures import AllRolloutsFailed
 
     hf_logging.disable_progress_bar()  # our own progress bar is the one to read

@@ -16,6 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from agentlightning.config.schema import ConfigError, dataclass_keys
 from agentlightning.torch_backend.distill import DistillConfig
 from agentlightning.torch_backend.lora import LoraSettings, lora_settings
 from agentlightning.torch_backend.losses import RolloutCorrection
@@ -24,12 +25,10 @@ from agentlightning.trainer.config import (
     FIXED_VERL_KEYS,
     VERL_KEYS,
     AgentLightningConfig,
-    ConfigError,
     DataConfig,
     TrainerConfig,
     check_keys,
     core_config_keys,
-    dataclass_keys,
     load_section,
 )
 

@@ -30,8 +30,8 @@ from typing import Any
 
 import httpx
 
+from agentlightning.config.schema import ConfigError
 from agentlightning.rows import TrainingRow
-from agentlightning.trainer.config import ConfigError
 
 KEY = "algorithm.distill"
 

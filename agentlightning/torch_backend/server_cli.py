@@ -40,6 +40,7 @@ class ServeConfig:
 def main(argv: Sequence[str] | None = None) -> None:
     from omegaconf import OmegaConf
 
+    from agentlightning.config.schema import fill
     from agentlightning.log import configure_logging
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -48,8 +49,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(OmegaConf.to_yaml(OmegaConf.structured(ServeConfig)))
         return
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(ServeConfig), OmegaConf.from_dotlist(args))
-        cfg: ServeConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]  # to_object of a structured config is that dataclass
+        cfg: ServeConfig = fill(ServeConfig, OmegaConf.from_dotlist(args), label="agl-torch-server")
         device = resolve_device(cfg.device)
         dtype = resolve_dtype(cfg.dtype, device)
     except Exception as exc:

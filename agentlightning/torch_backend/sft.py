@@ -26,13 +26,12 @@ import random
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from agentlightning.aggregation import AggregationLevel, AggregationStats, RowLimits
 from agentlightning.client import GatewayClient, GatewayUnavailable, Unauthorized
@@ -43,7 +42,7 @@ from agentlightning.config.loader import (
     load_cli_config,
     setup_logging,
 )
-from agentlightning.config.suggest import did_you_mean
+from agentlightning.config.schema import ConfigError, fill
 from agentlightning.log import get_logger
 from agentlightning.rows import TrainingRow
 from agentlightning.torch_backend.checkpoint import save_policy_state, torch_rng_state
@@ -57,7 +56,6 @@ from agentlightning.torch_backend.lora import (
 )
 from agentlightning.torch_backend.models import load_model, resolve_device
 from agentlightning.torch_backend.policy import ActorConfig, OptimConfig, PolicyUpdater
-from agentlightning.trainer.config import ConfigError, load_section
 from agentlightning.trainer.sft_data import Selection, SelectionCounts, SFTDataError, chat_rows, store_rows
 
 PROG = "agl-sft"
@@ -166,26 +164,7 @@ class SFTConfig:
 
 def load_sft_config(cfg: DictConfig | dict[str, Any]) -> SFTConfig:
     """The checked config; a key it does not read fails naming the closest one it does."""
-    root = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
-    declared = {f.name: f for f in fields(SFTConfig)}
-    values: dict[str, Any] = {}
-    for key in root:
-        name = str(key)
-        f = declared.get(name)
-        if f is None:
-            raise ConfigError(f"{name}: not a key of agl-sft{did_you_mean(name, list(declared))}")
-        default = f.default_factory() if callable(f.default_factory) else f.default
-        if is_dataclass(default):
-            values[name] = load_section(root, name, type(default), unknown="error")
-    scalars = {str(k): root[k] for k in root if str(k) not in values}
-    try:
-        config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(SFTConfig), scalars))
-    except OmegaConfBaseException as exc:
-        key = getattr(exc, "full_key", None) or getattr(exc, "key", None) or "?"
-        raise ConfigError(f"{key}: {str(exc).splitlines()[0]}") from None
-    assert isinstance(config, SFTConfig)
-    for name, value in values.items():
-        setattr(config, name, value)
+    config: SFTConfig = fill(SFTConfig, cfg, label="agl-sft")
     config.validate()
     return config
 

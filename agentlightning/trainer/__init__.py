@@ -5,6 +5,7 @@ recorded calls by `agentlightning.aggregation`, which the Gateway's dashboard sh
 tensors.
 """
 
+from agentlightning.config.schema import ConfigError
 from agentlightning.trainer.advantage import group_advantages, rollout_advantages
 from agentlightning.trainer.batch import TrainingBatch, build_training_batch
 from agentlightning.trainer.collected import CollectedRollout
@@ -12,7 +13,6 @@ from agentlightning.trainer.collector import AsyncCollector, Collector, SyncColl
 from agentlightning.trainer.config import (
     AdvEstimator,
     AgentLightningConfig,
-    ConfigError,
     CoreConfig,
     FailedRolloutPolicy,
     load_core_config,

@@ -5,27 +5,37 @@ One config file drives every backend. Keys that mean the same as in verl keep ve
 of ours lives in the `agentlightning` block (`AgentLightningConfig`). The config is parsed once, by
 the loop's entry point (`load_training_config`), and the parsed settings are handed to the backend.
 
-One style for every section, here and in the backends' own blocks (`torch_backend/config.py`,
-`verl/config.py`): a section's schema is a dataclass; `load_section` fills it (a wrong type fails
-naming the key) and its `validate()` checks the values (a bad one fails naming the key); `check_keys`
-fails on a key no reader declares, with the closest one it does ("did you mean"). Every failure is
-a `ConfigError` that names the key.
+One style for every section, here, in the backends' own blocks (`torch_backend/config.py`,
+`verl/config.py`) and in the Gateway's, Controller's and commands' configs: a section's schema is a
+dataclass, filled by `config/schema.py` (a wrong type fails naming the key); its `validate()` checks
+the values (a bad one fails naming the key). Because one training file holds several backends'
+keys, `load_section` here fills a section leniently and `check_keys` then fails on a key no reader
+declares, with the closest one it does ("did you mean"). Every failure is a `ConfigError` that
+names the key.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass, field, fields, is_dataclass
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from agentlightning.aggregation import AggregationLevel
+from agentlightning.config.schema import (
+    ConfigError,
+    build,
+    dataclass_keys,
+    leaf_items,
+    plain,
+    split_known,
+    unknown_key,
+)
 from agentlightning.config.suggest import did_you_mean
 from agentlightning.log import get_logger
 
@@ -33,10 +43,6 @@ log = get_logger("trainer_config")
 
 
 POLICY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-
-
-class ConfigError(ValueError):
-    """A bad trainer setting. The message names the key and what is wrong with it."""
 
 
 # --- reading a section: the one style ---------------------------------------------------------
@@ -54,92 +60,18 @@ def load_section(
     carries every backend's keys; `check_keys` is what refuses them), ignored unlogged (`quiet`: a
     few keys of ours in a section of verl's), or fails with a did-you-mean (`error`: a block that
     is ours alone). Keys in `skip` belong to another reader."""
-    section = OmegaConf.select(root, name, default=None)
-    values = OmegaConf.to_container(section, resolve=True) if isinstance(section, DictConfig) else section
+    values = plain(OmegaConf.select(root, name, default=None))
     if values is None:
         values = {}
     if not isinstance(values, Mapping):
         raise ConfigError(f"{name} must be a mapping of settings, got {type(values).__name__}")
-    picked, ignored = _split_known({k: v for k, v in values.items() if k not in skip}, schema)
+    picked, ignored = split_known({k: v for k, v in values.items() if k not in skip}, schema)
     if unknown == "error" and ignored:
-        known, _ = dataclass_keys(f"{name}.", schema)
-        first = f"{name}.{ignored[0]}"
-        raise ConfigError(f"{first}: not a key of {name}{did_you_mean(first, known)}")
+        raise unknown_key(name, ignored[0], schema)
     ignored = [k for k in ignored if f"{name}.{k}" not in VERL_KEYS]  # the trainer core reads these
     if ignored and unknown == "ignore":
         log.info("config_keys_ignored", keys=sorted(f"{name}.{k}" for k in ignored))
-    try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), picked))
-    except OmegaConfBaseException as exc:
-        key = getattr(exc, "full_key", None) or getattr(exc, "key", None) or "?"
-        raise ConfigError(f"{name}.{key}: {str(exc).splitlines()[0]}") from None
-
-
-def _split_known(values: Any, schema: type, prefix: str = "") -> tuple[dict[str, Any], list[str]]:
-    """The part of `values` that `schema` (a dataclass) declares, and the dotted keys it does not."""
-    if not isinstance(values, dict):
-        return {}, []
-    declared = {f.name: f for f in fields(schema)}
-    picked: dict[str, Any] = {}
-    ignored: list[str] = []
-    for key, value in values.items():
-        f = declared.get(key)
-        if f is None:
-            ignored.append(f"{prefix}{key}")
-            continue
-        sub = _dataclass_type(f)
-        if sub is not None and isinstance(value, dict):
-            inner, more = _split_known(value, sub, f"{prefix}{key}.")
-            picked[key] = inner
-            ignored += more
-        else:
-            picked[key] = value
-    return picked, ignored
-
-
-def _default(f: Any) -> Any:
-    """A dataclass field's default value (built from its factory, if it has one)."""
-    return f.default_factory() if callable(f.default_factory) else f.default
-
-
-def _dataclass_type(f: Any) -> type | None:
-    value = _default(f)
-    return type(value) if is_dataclass(value) else None
-
-
-def dataclass_keys(prefix: str, cls: type, skip: Collection[str] = ()) -> tuple[set[str], set[str]]:
-    """(leaf keys, mapping keys) a dataclass schema declares, dotted under `prefix`. A mapping key
-    (a dict-valued field) holds user-chosen names below it (e.g. `env_map`)."""
-    leaves: set[str] = set()
-    maps: set[str] = set()
-    for f in fields(cls):
-        key = f"{prefix}{f.name}"
-        if key in skip:
-            continue
-        default = _default(f)
-        if is_dataclass(default):
-            more, more_maps = dataclass_keys(f"{key}.", type(default), skip)
-            leaves |= more
-            maps |= more_maps
-        elif isinstance(default, dict):
-            maps.add(key)
-        else:
-            leaves.add(key)
-    return leaves, maps
-
-
-def leaf_items(cfg: Any, prefix: str = "", maps: Collection[str] = ()) -> Iterator[tuple[str, Any]]:
-    """(dotted key, value) of every leaf of a nested mapping; a key in `maps` is one leaf."""
-    if isinstance(cfg, DictConfig):
-        cfg = OmegaConf.to_container(cfg, resolve=False)
-    if not isinstance(cfg, Mapping):
-        return
-    for key, value in cfg.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value and path not in maps:
-            yield from leaf_items(value, f"{path}.", maps)
-        else:
-            yield path, value
+    return build(schema, picked, name)
 
 
 def check_keys(

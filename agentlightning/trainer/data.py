@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentlightning.trainer.config import ConfigError
+from agentlightning.config.schema import ConfigError
 
 
 def load_samples(path: str | Path, key: str = "data.train_files") -> list[dict[str, Any]]:

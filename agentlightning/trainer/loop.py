@@ -37,6 +37,7 @@ from typing import Any, Protocol
 from omegaconf import DictConfig, OmegaConf
 
 from agentlightning.client import GatewayClient
+from agentlightning.config.schema import ConfigError
 from agentlightning.log import get_logger
 from agentlightning.rewards import last_reward
 from agentlightning.trainer.batch import (
@@ -57,7 +58,7 @@ from agentlightning.trainer.checkpoint import (
     step_dir,
 )
 from agentlightning.trainer.collector import make_collector
-from agentlightning.trainer.config import ConfigError, CoreConfig, DataConfig, TrainerConfig, TrainingConfig
+from agentlightning.trainer.config import CoreConfig, DataConfig, TrainerConfig, TrainingConfig
 from agentlightning.trainer.data import DataCursor, load_files
 from agentlightning.trainer.failures import check_rollouts
 from agentlightning.trainer.gains import GainKeeper, Verdict

@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from agentlightning.config.schema import ConfigError
 from agentlightning.rewards import last_reward
 from agentlightning.schemas import INFRASTRUCTURE_OUTCOMES, AttemptOutcome
 from agentlightning.trainer.collected import CollectedRollout
-from agentlightning.trainer.config import ConfigError, FailedRolloutPolicy
+from agentlightning.trainer.config import FailedRolloutPolicy
 from agentlightning.trainer.failures import AllRolloutsFailed
 
 KEY = "agentlightning.outcomes"

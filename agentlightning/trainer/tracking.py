@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from agentlightning.client import GatewayClient
+from agentlightning.config.schema import ConfigError
 from agentlightning.log import get_logger
-from agentlightning.trainer.config import ConfigError
 
 log = get_logger("tracking")
 

@@ -29,7 +29,7 @@ def main(argv: Sequence[str]) -> None:
         check_verl_version()
     except ImportError as exc:
         fail(PROG, str(exc))
-    from agentlightning.trainer.config import ConfigError
+    from agentlightning.config.schema import ConfigError
     from agentlightning.verl.backend import VerlTrainer
     from agentlightning.verl.config import compose_config
 

@@ -27,16 +27,10 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from agentlightning.config.loader import merge
+from agentlightning.config.schema import ConfigError, leaf_items
 from agentlightning.config.suggest import did_you_mean
 from agentlightning.log import get_logger
-from agentlightning.trainer.config import (
-    KL_LOSS_TYPES,
-    ConfigError,
-    TrainingConfig,
-    leaf_items,
-    load_section,
-    load_training_config,
-)
+from agentlightning.trainer.config import KL_LOSS_TYPES, TrainingConfig, load_section, load_training_config
 from agentlightning.verl.loss import LOSS_AGG_MODE, WEIGHTED_LOSSES
 
 log = get_logger("verl_config")

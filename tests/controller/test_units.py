@@ -6,9 +6,9 @@ import signal
 from pathlib import Path
 
 import pytest
-from omegaconf.errors import OmegaConfBaseException
 
 from agentlightning.config.loader import load_cli_config
+from agentlightning.config.schema import ConfigError
 from agentlightning.controller import cli
 from agentlightning.controller.bootstrap import (
     AgentClassError,
@@ -255,8 +255,14 @@ def test_bad_values_are_named(override: str, message: str) -> None:
 
 
 def test_unknown_keys_and_wrong_types_fail(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(OmegaConfBaseException, match="no_such_key"):
+    with pytest.raises(ConfigError, match=r"^local_runner\.no_such_key: not a key of local_runner$"):
         load_controller_config({"local_runner": {"no_such_key": 1}})
+    with pytest.raises(
+        ConfigError, match=r"^local_runner\.maximum_sise: .*\(did you mean local_runner\.maximum_size\?\)"
+    ):
+        load_controller_config({"local_runner": {"maximum_sise": 1}})
+    with pytest.raises(ConfigError, match=r"^local_runner\.maximum_size: .*many"):
+        load_controller_config({"local_runner": {"maximum_size": "many"}})
     for override, named in (
         ("local_runner.no_such_key=1", "no_such_key"),
         ("local_runner.maximum_size=many", "maximum_size"),

@@ -89,7 +89,9 @@ def test_k_above_n(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str
 
 def test_no_policy_and_a_misspelt_key(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "policies=[...] is empty" in fails(capsys, tmp_path, f"data={data}")
-    assert "temprature" in fails(capsys, tmp_path, f"data={data}", "policies=[demo]", "temprature=1")
+    assert "temprature: not a key (did you mean temperature?)" in fails(
+        capsys, tmp_path, f"data={data}", "policies=[demo]", "temprature=1"
+    )
 
 
 def test_an_agent_interpreter_or_folder_that_is_not_there(

@@ -7,8 +7,8 @@ import pytest
 import yaml
 
 from agentlightning.commands.backends import main as agl_train
+from agentlightning.config.schema import leaf_items
 from agentlightning.torch_backend.config import torch_read_keys
-from agentlightning.trainer.config import leaf_items
 
 
 def test_help_names_every_key_the_torch_backend_reads(capsys: pytest.CaptureFixture[str]) -> None:

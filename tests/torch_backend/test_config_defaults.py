@@ -9,8 +9,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from agentlightning.config.schema import leaf_items
 from agentlightning.torch_backend.config import torch_default, torch_read_keys
-from agentlightning.trainer.config import leaf_items
 
 PKG = Path(__file__).resolve().parents[2] / "agentlightning"
 

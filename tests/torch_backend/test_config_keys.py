@@ -12,13 +12,14 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 
 from agentlightning.commands.backends import main as agl_train
+from agentlightning.config.schema import ConfigError, leaf_items
 from agentlightning.torch_backend.config import (
     TORCH_FIXED_KEYS,
     check_torch_keys,
     load_torch_backend_config,
     torch_read_keys,
 )
-from agentlightning.trainer.config import ConfigError, leaf_items, load_core_config
+from agentlightning.trainer.config import load_core_config
 
 PKG = Path(__file__).resolve().parents[2] / "agentlightning"
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from agentlightning.config.schema import ConfigError
 from agentlightning.demo.model import build_tokenizer, byte_tokenizer
 from agentlightning.torch_backend.config import load_torch_backend_config
 from agentlightning.torch_backend.distill import (
@@ -24,7 +25,6 @@ from agentlightning.torch_backend.distill import (
 )
 from agentlightning.torch_backend.openai_backend import InferenceServer
 from agentlightning.torch_backend.policy import PolicyUpdater
-from agentlightning.trainer.config import ConfigError
 
 from .test_policy import make_row
 from .test_server import fresh_log_probs

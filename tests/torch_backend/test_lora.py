@@ -11,6 +11,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from agentlightning.config.schema import ConfigError
 from agentlightning.torch_backend.checkpoint import load_policy_state
 from agentlightning.torch_backend.config import load_torch_backend_config
 from agentlightning.torch_backend.engine import EngineError, SamplingParams, TorchEngine
@@ -26,7 +27,7 @@ from agentlightning.torch_backend.lora import (
 from agentlightning.torch_backend.policy import ActorConfig, OptimConfig, PolicyUpdater
 from agentlightning.torch_backend.rollout_engine import TorchRolloutEngine
 from agentlightning.torch_backend.trainer import TorchBackend
-from agentlightning.trainer.config import ConfigError, load_training_config
+from agentlightning.trainer.config import load_training_config
 from agentlightning.trainer.shaping import set_loss_weights
 
 from .test_policy import make_row, toy_rows, with_rollout_log_probs

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from agentlightning.client import GatewayClient
+from agentlightning.config.schema import ConfigError
 from agentlightning.demo.task import make_dataset
 from agentlightning.torch_backend.checkpoint import load_policy_state
 from agentlightning.torch_backend.trainer import TorchTrainer, run_ppo
 from agentlightning.trainer.checkpoint import latest_checkpoint, list_checkpoints, load_loop_state
-from agentlightning.trainer.config import ConfigError
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
 from tests.conftest import RunningGateway
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from agentlightning.client import GatewayClient
+from agentlightning.config.schema import ConfigError
 from agentlightning.demo.model import byte_tokenizer
 from agentlightning.evaluation.policies import export_checkpoint, parse_policy
 from agentlightning.torch_backend.lora import LORA_KEY
@@ -26,7 +27,6 @@ from agentlightning.torch_backend.sft import (
     run_sft,
 )
 from agentlightning.trainer.checkpoint import LOOP_STATE_FILE
-from agentlightning.trainer.config import ConfigError
 from agentlightning.trainer.sft_data import (
     Selection,
     SelectionCounts,

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from agentlightning.client import GatewayClient
 from agentlightning.config.loader import load_cli_config
+from agentlightning.config.schema import ConfigError
 from agentlightning.demo.task import make_dataset
 from agentlightning.procs import ManagedProcess
 from agentlightning.torch_backend.checkpoint import load_policy_state
@@ -29,7 +30,6 @@ from agentlightning.trainer.checkpoint import (
     load_loop_state,
     step_dir,
 )
-from agentlightning.trainer.config import ConfigError
 from agentlightning.trainer.data import DataCursor
 from agentlightning.trainer.failures import AllRolloutsFailed
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics

@@ -9,12 +9,13 @@ import math
 import pytest
 from structlog.testing import capture_logs
 
+from agentlightning.config.schema import ConfigError
 from agentlightning.rows import TrainingRow
 from agentlightning.schemas import RolloutState
 from agentlightning.trainer.advantage import rollout_advantages
 from agentlightning.trainer.batch import build_training_batch, collect_training_batch
 from agentlightning.trainer.collected import CollectedRollout
-from agentlightning.trainer.config import AdvEstimator, ConfigError, load_core_config
+from agentlightning.trainer.config import AdvEstimator, load_core_config
 from agentlightning.trainer.shaping import set_loss_weights
 from agentlightning.trainer.staleness import rollout_staleness, split_stale_groups
 from tests.trainer.scripts import call_event, reward_event

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from agentlightning.config.schema import ConfigError
 from agentlightning.trainer.checkpoint import (
     BEST_FILE,
     LATEST_FILE,
@@ -23,7 +24,7 @@ from agentlightning.trainer.checkpoint import (
     set_python_rng_state,
     step_dir,
 )
-from agentlightning.trainer.config import ConfigError, load_training_config
+from agentlightning.trainer.config import load_training_config
 
 
 def write_weights(value: str):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentlightning.trainer.config import ConfigError
+from agentlightning.config.schema import ConfigError
 from agentlightning.trainer.data import DataCursor, load_files, load_samples
 
 SAMPLES = [{"id": i} for i in range(10)]

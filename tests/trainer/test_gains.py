@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentlightning.trainer.config import CollapseGuardConfig, ConfigError, TrainerConfig
+from agentlightning.config.schema import ConfigError
+from agentlightning.trainer.config import CollapseGuardConfig, TrainerConfig
 from agentlightning.trainer.gains import GainKeeper, Verdict
 
 

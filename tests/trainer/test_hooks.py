@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from agentlightning.config.schema import ConfigError
 from agentlightning.schemas import RolloutState
 from agentlightning.trainer.batch import build_training_batch
-from agentlightning.trainer.config import ConfigError, load_core_config
+from agentlightning.trainer.config import load_core_config
 from agentlightning.trainer.manager import RolloutManager
 from tests.trainer.driver import Driver, two_turn_calls
 

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
+from agentlightning.config.schema import ConfigError
 from agentlightning.schemas import INFRASTRUCTURE_OUTCOMES, AttemptOutcome, RolloutState
 from agentlightning.trainer.batch import build_training_batch
 from agentlightning.trainer.collected import CollectedRollout
-from agentlightning.trainer.config import ConfigError, load_core_config, load_training_config
+from agentlightning.trainer.config import load_core_config, load_training_config
 from agentlightning.trainer.loop import TrainingLoop
 from agentlightning.trainer.metrics import validation_metrics
 from agentlightning.trainer.outcomes import OutcomeShareExceeded, parse_outcome_policy, valid_for_validation

@@ -6,11 +6,12 @@ from typing import Any
 
 import pytest
 
+from agentlightning.config.schema import ConfigError
 from agentlightning.rewards import call_rewards, last_reward
 from agentlightning.schemas import RolloutState
 from agentlightning.trainer.batch import build_training_batch
 from agentlightning.trainer.collected import CollectedRollout
-from agentlightning.trainer.config import ConfigError, load_core_config
+from agentlightning.trainer.config import load_core_config
 from agentlightning.trainer.policies import policy_events, policy_view, prefixed
 from agentlightning.trainer.publish import EndpointPublisher, update_together
 from tests.trainer.test_publish import RecordingClient

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
+from agentlightning.config.schema import ConfigError
 from agentlightning.rewards import last_reward, reward_value, to_float32
 from agentlightning.trainer.config import (
     AdvEstimator,
     AggregationLevel,
-    ConfigError,
     FailedRolloutPolicy,
     core_config_keys,
     load_core_config,

@@ -9,13 +9,14 @@ import math
 
 import pytest
 
+from agentlightning.config.schema import ConfigError
 from agentlightning.rewards import call_rewards, last_reward
 from agentlightning.schemas import RolloutState
 from agentlightning.server.triplet import to_triplet
 from agentlightning.trainer.advantage import step_advantages, step_returns
 from agentlightning.trainer.batch import build_training_batch
 from agentlightning.trainer.collected import CollectedRollout
-from agentlightning.trainer.config import ConfigError, load_core_config
+from agentlightning.trainer.config import load_core_config
 from tests.trainer.scripts import call_event, reward_event
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agentlightning.trainer.config import ConfigError, TrainerConfig
+from agentlightning.config.schema import ConfigError
+from agentlightning.trainer.config import TrainerConfig
 from agentlightning.trainer.tracking import METRICS_FILE, Tracker, read_metrics
 
 

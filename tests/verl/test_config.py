@@ -12,7 +12,8 @@ pytest.importorskip("verl", reason=SKIP_REASON)
 
 from omegaconf import OmegaConf
 
-from agentlightning.trainer.config import ConfigError, core_config_keys
+from agentlightning.config.schema import ConfigError
+from agentlightning.trainer.config import core_config_keys
 from agentlightning.verl.config import compose_config, router_replay_mode, validate, verl_view
 from agentlightning.verl.version import SUPPORTED_VERL_VERSION, VerlVersionError, check_verl_version
 
