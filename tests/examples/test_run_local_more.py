@@ -40,6 +40,9 @@ EXAMPLE_LIST = [
         "search_r1",
         "data/train.jsonl",
         {"SEARCH_R1_MAX_TURNS": "1", "SEARCH_R1_MAX_TOKENS": "32"},
+        # The forced-answer call carries the first reply and the nudge: ~670 tokens, past TINY's 640
+        # (a refused prompt is a context_overflow rollout, dropped from training).
+        ("actor_rollout_ref.rollout.max_model_len=1024",),
     ),
     Example(
         "llm_in_sandbox",
