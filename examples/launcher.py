@@ -29,7 +29,11 @@ def parse_args(argv: Sequence[str], prog: str) -> tuple[argparse.Namespace, list
     parser.add_argument(
         "--model", default=None, help="a Hugging Face model directory (actor_rollout_ref.model.path)"
     )
-    parser.add_argument("--agl-base-url", default=None, help="the Gateway (default http://127.0.0.1:8181)")
+    parser.add_argument(
+        "--agl-base-url",
+        default=None,
+        help="the Gateway (default: agentlightning.agl_base_url, http://127.0.0.1:8080)",
+    )
     parser.add_argument("--agl-key", default=None, help="the Gateway's key")
     parser.add_argument("--run-name", default=None, help="trainer.experiment_name")
     parser.add_argument(

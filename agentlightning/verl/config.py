@@ -90,9 +90,12 @@ def _packaged_keys() -> dict[str, Any]:
 
 
 def _free_form(key: str) -> bool:
-    """A key under a mapping verl's config dataclasses declare but its packaged YAML leaves out:
-    `fsdp_config.mixed_precision` (FSDPEngineConfig: an optional dict of dtypes, read as given)."""
-    return ".fsdp_config.mixed_precision" in f".{key}"
+    """A key under a mapping verl declares but leaves free: `fsdp_config.mixed_precision`
+    (FSDPEngineConfig: an optional dict of dtypes, read as given) and the inference engine's own
+    arguments, `rollout.engine_kwargs.{vllm,sglang,trtllm}.*` (handed to the engine as they are:
+    e.g. vLLM's `enable_auto_tool_choice`, `tool_call_parser`)."""
+    dotted = f".{key}"
+    return ".fsdp_config.mixed_precision" in dotted or ".rollout.engine_kwargs." in dotted
 
 
 def _unknown_keys(cfg: Any, known: Any, prefix: str = "") -> list[str]:

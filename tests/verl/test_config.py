@@ -110,6 +110,36 @@ def test_fsdp_mixed_precision_is_read_as_verl_declares_it() -> None:
     assert view.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "fp32"
 
 
+def test_the_engines_own_arguments_reach_it_as_given() -> None:
+    """`rollout.engine_kwargs.vllm` is handed to vLLM as it is (the examples set its tool parser):
+    not keys of verl's YAML, read all the same."""
+    overrides = [
+        "actor_rollout_ref.rollout.engine_kwargs.vllm.enable_auto_tool_choice=true",
+        "actor_rollout_ref.rollout.engine_kwargs.vllm.tool_call_parser=hermes",
+    ]
+    _, _, view = validate(compose_config(overrides=[MODEL, *overrides]))
+    assert view.actor_rollout_ref.rollout.engine_kwargs.vllm.tool_call_parser == "hermes"
+
+
+def test_the_calc_x_example_trains_on_verl_too() -> None:
+    """The config `examples/calc_x/train_calc_agent.py --backend verl` hands agl-train."""
+    import importlib.util
+    import sys
+
+    path = REPO / "examples" / "calc_x" / "train_calc_agent.py"
+    spec = importlib.util.spec_from_file_location("train_calc_agent_verl", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    launcher = sys.modules["launcher"]
+    sample = str(REPO / "examples" / "calc_x" / "data" / "sample.jsonl")
+    args, rest = launcher.parse_args(
+        ["--train-file", sample, "--model", "/models/tiny", "--backend", "verl"], "t"
+    )
+    cfg = launcher.build_config(module.CALC_X, args, rest, "t")
+    validate(compose_config(cfg))
+
+
 def test_a_missing_model_path_fails_clearly() -> None:
     with pytest.raises(ConfigError, match=r"model\.path"):
         validate(compose_config())
