@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 A = "train.actor_rollout_ref.actor"
@@ -63,8 +64,18 @@ SMOKE = [
 ]
 
 
-def run_demo(out: Path, name: str, seed: int, args: argparse.Namespace) -> Path:
-    """One agl-demo run (skipped when a finished one is there); its run folder."""
+def run_demo(
+    out: Path,
+    name: str,
+    seed: int,
+    args: argparse.Namespace,
+    overrides: Sequence[str] | None = None,
+    launcher: Sequence[str] = ("-m", "agentlightning.demo.cli"),
+    env: Mapping[str, str] | None = None,
+) -> Path:
+    """One agl-demo run (skipped when a finished one is there) with `overrides` (default: the
+    config `name`'s), started by `python *launcher` (another script may run the demo with a
+    subclass of its `Demo`); its run folder."""
     folder = out / name
     run_dir = folder / f"seed{seed}"
     done = run_dir / "bench_done.json"
@@ -74,20 +85,19 @@ def run_demo(out: Path, name: str, seed: int, args: argparse.Namespace) -> Path:
     size = SMOKE if args.smoke else [f"val_problems={args.val_problems}"]
     argv = [
         sys.executable,
-        "-m",
-        "agentlightning.demo.cli",
+        *launcher,
         f"output_dir={folder}",
         f"seed={seed}",
         *size,
         f"train.trainer.total_training_steps={args.steps}",
         f"train.trainer.test_freq={args.test_freq}",
-        *CONFIGS[name],
+        *(CONFIGS[name] if overrides is None else overrides),
     ]
     if (warm / "config.json").is_file():
         argv.append(f"warmup.reuse={warm}")
     started = time.monotonic()
-    print(f"run {name} seed {seed}: {' '.join(argv[3:])}", flush=True)
-    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    print(f"run {name} seed {seed}: {' '.join(argv[1 + len(launcher) :])}", flush=True)
+    result = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
     if result.returncode != 0:
         raise SystemExit(f"{name} seed {seed} failed ({result.returncode}):\n{result.stdout[-3000:]}")
     if not (warm / "config.json").is_file():  # the seed's first run: keep its warm model for the others

@@ -89,18 +89,23 @@ class CalcAgent:
     def run(self) -> None:
         asyncio.run(self.arun())
 
+    def client(self, base_url: str, key: str) -> AsyncOpenAI:
+        # Generous retries: the Gateway answers 429 + Retry-After while the trainer swaps weights.
+        return AsyncOpenAI(base_url=base_url, api_key=key or "unused", max_retries=20, timeout=300.0)
+
+    async def answer(self, client: AsyncOpenAI, question: str, tools: list[tuple[int, str]]) -> str | None:
+        """The final answer (None: none given); a failed model call raises."""
+        return await solve(client, question, model=os.environ.get("AGL_MODEL", "policy"), tool_results=tools)
+
     async def arun(self) -> float:
         base_url = os.environ["AGL_OPENAI_BASE_URL"]
         key = os.environ.get("AGL_KEY", "")
         question = os.environ["QUESTION"]
         expected = int(os.environ["ANSWER"])
-        # Generous retries: the Gateway answers 429 + Retry-After while the trainer swaps weights.
-        client = AsyncOpenAI(base_url=base_url, api_key=key or "unused", max_retries=20, timeout=300.0)
+        client = self.client(base_url, key)
         tools: list[tuple[int, str]] = []
         try:
-            answer = await solve(
-                client, question, model=os.environ.get("AGL_MODEL", "policy"), tool_results=tools
-            )
+            answer = await self.answer(client, question, tools)
         finally:
             await client.close()
         value = reward(answer, expected)

@@ -208,12 +208,18 @@ class Demo:
         except (ConfigError, ValueError) as exc:
             raise SystemExit(f"agl-demo: bad train.* config: {exc}") from None
 
+    def gateway_overrides(self, train_cfg: DictConfig) -> list[str]:
+        """The Gateway's settings: the trainer's model name and sampling, greedy validation."""
+        return [
+            f"default_proxy.model_name={train_cfg.agentlightning.model_name}",
+            f"default_proxy.train.temperature={float(train_cfg.actor_rollout_ref.rollout.temperature)}",
+            "default_proxy.val.temperature=0.0",
+        ]
+
     def start_services(self, train_cfg: DictConfig) -> None:
         gateway = self._track(
             start_gateway(
-                f"default_proxy.model_name={train_cfg.agentlightning.model_name}",
-                f"default_proxy.train.temperature={float(train_cfg.actor_rollout_ref.rollout.temperature)}",
-                "default_proxy.val.temperature=0.0",
+                *self.gateway_overrides(train_cfg),
                 port=self.port,
                 key=self.key,
                 store_url=f"sqlite:///{self.run_dir / 'gateway.db'}",

@@ -49,6 +49,11 @@ class ProxyConfig:
     max_connections: int = 0
     keepalive_seconds: float = 60.0
     upstream_key: str = ""
+    # Chaos testing only: this share of model calls fail as if the model server answered 503 to every
+    # try (proxy/faults.py); the same request sent again fails again.
+    fault_rate: float = 0.0
+    fault_seed: int = 0
+    fault_modes: list[str] = field(default_factory=lambda: ["train", "val"])  # the calls it strikes
 
     def check(self) -> None:
         for name in (
@@ -69,6 +74,11 @@ class ProxyConfig:
             )
         if self.keepalive_seconds < 0:
             raise ConfigError(f"proxy.keepalive_seconds must be >= 0, got {self.keepalive_seconds}")
+        if not 0 <= self.fault_rate <= 1:
+            raise ConfigError(f"proxy.fault_rate must be in [0, 1] (a share of calls), got {self.fault_rate}")
+        unknown = sorted(set(self.fault_modes) - {"train", "val"})
+        if unknown:
+            raise ConfigError(f"proxy.fault_modes: unknown mode {unknown[0]!r}; the modes are train and val")
 
 
 @dataclass

@@ -36,6 +36,7 @@ SMOKES = {
         sys.executable,
         r"\| grpo \| 1 \| \d\.\d{3} \| \d\.\d{3} \| \d\.\d{3} \| \d\.\d{3} \| \d+\.\d \| \d+ \|",
     ),
+    "chaos": (sys.executable, r"\| typed \| \d\.\d{3} \| .* \| \d+\.\d% \| \d+\.\d% \|"),
     "metrics_hot_path": (sys.executable, r"ratio: [\d.]+x cheaper"),
     "upstream_clients": (sys.executable, r"8 +10ms +aiohttp +\d+ +[\d.]+ +[\d.]+ +[\d.]+ +0\n"),
     "record": (sys.executable, r"long agent's call .* after/before [\d.]+"),
@@ -64,6 +65,7 @@ def test_every_bench_script_is_smoke_tested_or_a_helper() -> None:
         "restarts_agent",
         "restarts_trainer",
         "model_sizes",
+        "chaos_agent",  # the naive agent bench/chaos.py trains
     }
     reliability = {"soak", "restarts"}  # tests/bench/test_reliability_benches.py
     scripts = {p.stem for p in (REPO / "bench").glob("*.py") if p.stem != "__init__"}

@@ -220,3 +220,56 @@ def test_the_dashboard_counts_the_attempts_of_an_agent_that_failed_before_its_fi
 )
 def test_which_failed_calls_are_evidence(data: dict[str, Any], expected: str | None) -> None:
     assert call_outcome(data) == expected
+
+
+def test_injected_faults_strike_the_same_calls_again_never_reach_the_model_and_are_evidence(
+    tmp_path: Path, fake: FakeModelServer
+) -> None:
+    """`proxy.fault_rate` (chaos testing): a struck call is answered as after the retries and
+    recorded as model_unavailable; the same request sent again is struck again; others pass."""
+    fake.state.reset()
+    config = {"key": KEY, "store": {"url": "memory://"}, "proxy": {"fault_rate": 0.5, "fault_seed": 7}}
+    with TestClient(create_app(config), headers=AUTH) as api:
+        api.post("/api/models", json=[{"model": "policy", "endpoint": fake.base_url}])
+        ids = [f"r{i}" for i in range(40)]
+        first = {}
+        for rollout_id in ids:
+            start(api, rollout_id)
+            first[rollout_id] = call(api, rollout_id)
+        struck = [r for r in ids if first[r] == 502]
+        assert set(first.values()) == {200, 502} and 8 <= len(struck) <= 32  # about half of 40
+        assert fake.state.total == len(ids) - len(struck)  # a struck call never reached the model
+        assert {r: call(api, r) for r in ids} == first  # the agent's retry: struck again, or not
+        for rollout_id in ids:
+            reward(api, rollout_id, 0.0)
+            patch(api, rollout_id, state="succeeded")
+        outcomes = {r: attempts(api, r)["a1"] for r in ids}
+        assert {r for r, (o, _) in outcomes.items() if o == "model_unavailable"} == set(struck)
+        assert "fault injected" in (outcomes[struck[0]][1] or "")
+
+
+def test_injected_faults_strike_only_the_modes_named(fake: FakeModelServer) -> None:
+    config = {
+        "key": KEY,
+        "store": {"url": "memory://"},
+        "proxy": {"fault_rate": 1.0, "fault_modes": ["train"]},
+    }
+    with TestClient(create_app(config), headers=AUTH) as api:
+        api.post("/api/models", json=[{"model": "policy", "endpoint": fake.base_url}])
+        start(api, "r1")
+        assert call(api, "r1") == 502
+        url = "/proxy/rollout/r1/attempt/a1/mode/val/openai/v1/chat/completions"
+        assert api.post(url, json={"model": "policy", "messages": USER}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("proxy", "message"),
+    [
+        ({"fault_rate": -0.1}, r"proxy\.fault_rate must be in \[0, 1\]"),
+        ({"fault_rate": 1.5}, r"proxy\.fault_rate must be in \[0, 1\]"),
+        ({"fault_modes": ["training"]}, r"proxy\.fault_modes: unknown mode 'training'"),
+    ],
+)
+def test_bad_fault_settings_are_refused_naming_the_key(proxy: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        create_app({"key": KEY, "store": {"url": "memory://"}, "proxy": proxy})

@@ -104,8 +104,9 @@ async def _call(
         if await state.store.get_rollout(rollout_id) is None:
             return error_answer(404, str(RolloutNotFound(rollout_id)), "not_found", api=api)
         runtime.remember(rollout_id, forgotten)
+    raw = await read_body()
     try:
-        body = orjson.loads(await read_body())
+        body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         return error_answer(400, f"request body is not valid JSON: {exc}", "invalid_request_error", api=api)
     if not isinstance(body, dict):
@@ -135,7 +136,8 @@ async def _call(
     if translation is not None:
         record.data["chat_request"] = upstream_body
     exact = None
-    if config.token_exact and api != "completions":
+    struck = runtime.faults is not None and runtime.faults.strikes(mode, rollout_id, attempt_id, raw)
+    if config.token_exact and api != "completions" and not struck:
         model = pick_endpoint(state.models.endpoints(model_name), rollout_id)
         if model is not None and runtime.tokens.serves(model.endpoint) is not False:
             if stream and translation is None:  # streamed as the engine generates (token_stream.py)
@@ -163,7 +165,10 @@ async def _call(
                 exact = await runtime.tokens.call(
                     state.store, model, upstream_body, params, rollout_id, attempt_id
                 )
-    if exact is not None:
+    if struck:
+        assert runtime.faults is not None
+        forwarded = runtime.faults.failure()
+    elif exact is not None:
         forwarded = exact.forwarded
         forwarded.tries = exact.tries
         record.data["segment"] = exact.segment
