@@ -97,9 +97,14 @@ def run_demo(
         argv.append(f"warmup.reuse={warm}")
     started = time.monotonic()
     print(f"run {name} seed {seed}: {' '.join(argv[1 + len(launcher) :])}", flush=True)
-    result = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
-    if result.returncode != 0:
-        raise SystemExit(f"{name} seed {seed} failed ({result.returncode}):\n{result.stdout[-3000:]}")
+    demo = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        output, _ = demo.communicate()
+    except KeyboardInterrupt:  # the demo got the same Ctrl-C: let it stop what it started
+        demo.wait()  # (subprocess.run would SIGKILL it and leave its Gateway and Controller behind)
+        raise
+    if demo.returncode != 0:
+        raise SystemExit(f"{name} seed {seed} failed ({demo.returncode}):\n{output[-3000:]}")
     if not (warm / "config.json").is_file():  # the seed's first run: keep its warm model for the others
         warm.parent.mkdir(parents=True, exist_ok=True)
         (run_dir / "warm_model").rename(warm)
