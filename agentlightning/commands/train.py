@@ -38,8 +38,8 @@ USAGE = f"""usage: agl train CONFIG.yaml [backend=torch|verl] [key=value ...]
 
 Without a Gateway in the config ({GATEWAY_KEY}), starts a local Gateway and Controller for the
 run and stops them at its end; with one, trains against it (= agl-train). Paths in CONFIG are
-relative to its folder. The keys (`agl-train --help` lists them with their defaults) are in
-docs/training.md; a starter: `agl init DIR`."""
+relative to its folder. Every key with its default follows (as `agl-train --help` prints them;
+docs/training.md says what each does); a starter: `agl init DIR`."""
 
 
 def split_args(argv: Sequence[str]) -> tuple[Path | None, list[str], list[str]]:
@@ -168,7 +168,9 @@ def say(line: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if "-h" in args or "--help" in args:
-        print(USAGE)
+        from agentlightning.torch_backend.cli import help_text  # what agl-train --help prints: every key
+
+        print(f"{USAGE}\n\n{help_text().split(chr(10) * 2, 1)[1]}")  # without agl-train's usage line
         return 0
     user_file, backend, overrides = split_args(args)
     user = load_user_file(user_file) if user_file is not None else None

@@ -25,3 +25,13 @@ def test_help_names_every_key_the_torch_backend_reads(capsys: pytest.CaptureFixt
         assert f"\n  {key}: " in out
     assert "\n  trace_aggregator:\n    level: trajectory" in out
     assert "  agentlightning.poll_wait_seconds: 30.0" in listed
+
+
+def test_agl_train_help_names_the_same_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    from agentlightning.commands.train import main as agl_train_local
+
+    agl_train(["--help"])
+    keys = capsys.readouterr().out.split("\n\n", 1)[1]  # after agl-train's usage line
+    assert agl_train_local(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: agl train CONFIG.yaml") and out.endswith(keys)
