@@ -19,7 +19,7 @@ import pytest
 
 from agentlightning.cli import COMMANDS, main
 
-AGL = [sys.executable, "-m", "agentlightning.cli"]
+AGL = [str(Path(sys.executable).parent / "agl")]  # the console script the docs tell a user to run
 
 
 def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
