@@ -79,6 +79,10 @@ class ProxyConfig:
         unknown = sorted(set(self.fault_modes) - {"train", "val"})
         if unknown:
             raise ConfigError(f"proxy.fault_modes: unknown mode {unknown[0]!r}; the modes are train and val")
+        if self.fault_rate > 0 and not self.fault_modes:
+            raise ConfigError(
+                "proxy.fault_modes is empty, so proxy.fault_rate strikes nothing: name train, val or both"
+            )
 
 
 @dataclass

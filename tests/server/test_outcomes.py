@@ -268,6 +268,7 @@ def test_injected_faults_strike_only_the_modes_named(fake: FakeModelServer) -> N
         ({"fault_rate": -0.1}, r"proxy\.fault_rate must be in \[0, 1\]"),
         ({"fault_rate": 1.5}, r"proxy\.fault_rate must be in \[0, 1\]"),
         ({"fault_modes": ["training"]}, r"proxy\.fault_modes: unknown mode 'training'"),
+        ({"fault_rate": 0.2, "fault_modes": []}, r"proxy\.fault_modes is empty"),
     ],
 )
 def test_bad_fault_settings_are_refused_naming_the_key(proxy: dict[str, Any], message: str) -> None:

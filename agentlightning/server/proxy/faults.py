@@ -47,6 +47,6 @@ class FaultInjector:
 
 def fault_injector(config: ProxyConfig) -> FaultInjector | None:
     """The injector of `proxy.fault_rate`, or None when it is 0 (the hot path checks only that)."""
-    if config.fault_rate <= 0 or not config.fault_modes:
+    if config.fault_rate <= 0:
         return None
     return FaultInjector(config.fault_rate, config.fault_seed, config.max_tries, config.fault_modes)
