@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -18,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from agentlightning.cli import COMMANDS, main
+
+from .pages import bash_blocks
 
 AGL = [str(Path(sys.executable).parent / "agl")]  # the console script the docs tell a user to run
 
@@ -101,12 +104,13 @@ def _started_pids(out: str) -> list[int]:
 
 @pytest.mark.slow
 def test_init_then_train_with_nothing_else_running(tmp_path: Path) -> None:
-    init = subprocess.run(
-        [*AGL, "init", "my_agent"], cwd=tmp_path, capture_output=True, text=True, timeout=120
-    )
+    """The two commands of docs/own_agent.md's quick start, read from the page (the lines before
+    them make the venv this suite runs in), the second with the two steps the page shows."""
+    init_line, train_line = (shlex.split(line)[1:] for line in bash_blocks("docs/own_agent.md")[0][2:])
+    init = subprocess.run([*AGL, *init_line], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert init.returncode == 0, init.stderr
     train = subprocess.run(
-        [*AGL, "train", "my_agent/config.yaml", "trainer.total_training_steps=2"],
+        [*AGL, *train_line, "trainer.total_training_steps=2"],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -16,7 +16,7 @@ from agentlightning.server import cli as server_cli
         (
             controller_cli.main,
             "agl_server.ur=http://x",
-            "agl-controller: bad config: agl_server.ur: not a key (did you mean agl_server.url?); "
+            "agl-controller: bad config: agl_server.ur: not a key of agl_server (did you mean agl_server.url?); "
             "`agl-controller --help` lists every key",
         ),
         (
@@ -28,12 +28,12 @@ from agentlightning.server import cli as server_cli
         (
             server_cli.main,
             "prot=9000",
-            "agl-server: bad config: prot: not a key (did you mean port?); `agl-server --help` lists every key",
+            "agl-server: bad config: prot: not a key of the config (did you mean port?); `agl-server --help` lists every key",
         ),
         (
             server_cli.main,
             "defualt_proxy.model_name=m",
-            "agl-server: bad config: defualt_proxy: not a key (did you mean default_proxy?); "
+            "agl-server: bad config: defualt_proxy: not a key of the config (did you mean default_proxy?); "
             "`agl-server --help` lists every key",
         ),
         (

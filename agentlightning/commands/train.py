@@ -25,6 +25,8 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from agentlightning.commands.backends import BACKENDS
+from agentlightning.commands.backends import main as agl_train  # torch, or verl by backend=
 from agentlightning.config.loader import catch_interrupts, config_args, fail, load_cli_config, merge
 from agentlightning.launch import Service, start_controller, start_gateway
 
@@ -34,11 +36,12 @@ GATEWAY_KEY = "agentlightning.agl_base_url"
 FILE_PATHS = ("data.train_files", "data.val_files", "trainer.output_dir", "agentlightning.hooks")
 EFFECTIVE_CONFIG = "agl-train.yaml"  # the file with its paths made absolute, in the output folder
 
-USAGE = f"""usage: agl train CONFIG.yaml [backend=torch|verl] [key=value ...]
+USAGE = f"""usage: agl train CONFIG.yaml [backend=torch|verl] [--check] [key=value ...]
 
 Without a Gateway in the config ({GATEWAY_KEY}), starts a local Gateway and Controller for the
 run and stops them at its end; with one, trains against it (= agl-train). Paths in CONFIG are
-relative to its folder. Every key with its default follows (as `agl-train --help` prints them;
+relative to its folder. --check reads the config as the backend will and exits: 0 when it is
+good, 2 naming the bad key (it starts nothing). Every key with its default follows (as `agl-train --help` prints them;
 docs/training.md says what each does); a starter: `agl init DIR`."""
 
 
@@ -161,6 +164,25 @@ def check_torch_config(cfg: DictConfig) -> None:
         fail(PROG, f"bad config: {exc}")
 
 
+def check_verl_config(user: DictConfig | None, overrides: Sequence[str]) -> None:
+    """The verl backend's reading of the config (ours, then verl's own `validate_config`), the same
+    composition `agl-train backend=verl` makes; exits 2 naming the bad key, or saying to install
+    verl where it is missing."""
+    try:
+        from agentlightning.verl.version import check_verl_version
+
+        check_verl_version()
+    except ImportError as exc:  # VerlVersionError says which verl and how to install it
+        fail(f"{PROG} backend=verl", str(exc))
+    from agentlightning.config.schema import ConfigError
+    from agentlightning.verl.config import compose_config, validate
+
+    try:
+        validate(compose_config(user, overrides))
+    except (ConfigError, OmegaConfBaseException, ValueError) as exc:
+        fail(PROG, f"bad config: {exc}")
+
+
 def say(line: str) -> None:
     print(line, flush=True)
 
@@ -172,7 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(f"{USAGE}\n\n{help_text().split(chr(10) * 2, 1)[1]}")  # without agl-train's usage line
         return 0
-    user_file, backend, overrides = split_args(args)
+    check_only = "--check" in args
+    user_file, backend, overrides = split_args([a for a in args if a != "--check"])
     user = load_user_file(user_file) if user_file is not None else None
     base = load_cli_config("train", [], prog=PROG, strict=False)
     try:
@@ -180,14 +203,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = Path(str(cfg.trainer.output_dir)).resolve()
     except (OmegaConfBaseException, ValueError) as exc:
         fail(PROG, f"bad config: {exc}")
-    if (backend or ["backend=torch"])[-1] == "backend=torch":
-        check_torch_config(cfg)  # a misspelt key fails now, not after the services started
+    backend_name = (backend or ["backend=torch"])[-1].partition("=")[2]
+    if backend_name not in BACKENDS:
+        fail(PROG, f"backend must be {' or '.join(BACKENDS)}, got {backend_name!r}")
+    if backend_name == "verl":  # a misspelt key fails now, not after the services started
+        check_verl_config(user, overrides)
+    else:
+        check_torch_config(cfg)
+    if check_only:
+        say(f"{PROG}: {user_file or 'the defaults'}: good for the {backend_name} backend")
+        return 0
     if user is not None:  # the file as the trainer reads it: its paths made absolute
         out.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(user, out / EFFECTIVE_CONFIG)
         backend = [*backend, "--config", str(out / EFFECTIVE_CONFIG)]
-    from agentlightning.commands.backends import main as agl_train  # torch, or verl by backend=
-
     if names_gateway(user, overrides):
         agl_train([*backend, *overrides])
         return 0

@@ -22,7 +22,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from agentlightning.config.suggest import did_you_mean
+from agentlightning.config.suggest import not_a_key
 from agentlightning.log import configure_logging
 
 USAGE = """usage: {prog} [--config FILE.yaml] [key=value ...]
@@ -85,7 +85,7 @@ def config_error(exc: Exception, known: Collection[str] = (), prog: str = "") ->
         return first
     if isinstance(exc, ConfigKeyError) and "not in struct" in first:
         listed = f"; `{prog} --help` lists every key" if prog else ""
-        return f"{key}: not a key{did_you_mean(key, known)}{listed}"
+        return f"{not_a_key(key, known)}{listed}"
     return f"{key}: {first}"
 
 

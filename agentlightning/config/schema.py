@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from agentlightning.config.suggest import did_you_mean
+from agentlightning.config.suggest import not_a_key
 
 
 class ConfigError(ValueError):
@@ -48,9 +48,7 @@ def unknown_key(name: str, key: str, schema: type, label: str = "the config") ->
     section the key is not in, and the closest key that is."""
     prefix = f"{name}." if name else ""
     known, _ = dataclass_keys(prefix, schema)
-    full = f"{prefix}{key}"
-    section = full.rpartition(".")[0] or label
-    return ConfigError(f"{full}: not a key of {section}{did_you_mean(full, known)}")
+    return ConfigError(not_a_key(f"{prefix}{key}", known, label))
 
 
 def build(schema: type, picked: Mapping[str, Any], name: str = "") -> Any:

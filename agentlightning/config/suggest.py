@@ -38,3 +38,10 @@ def did_you_mean(key: str, known: Collection[str]) -> str:
     """` (did you mean X?)` for the closest known key, or "" when none is close."""
     match = closest(key, known)
     return f" (did you mean {match}?)" if match else ""
+
+
+def not_a_key(full: str, known: Collection[str], label: str = "the config") -> str:
+    """The one wording of an unknown key, for every component: `a.b: not a key of a (did you mean
+    a.c?)`; a top-level key is not a key of `label`."""
+    section = full.rpartition(".")[0] or label
+    return f"{full}: not a key of {section}{did_you_mean(full, known)}"

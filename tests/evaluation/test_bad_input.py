@@ -89,7 +89,7 @@ def test_k_above_n(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str
 
 def test_no_policy_and_a_misspelt_key(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "policies=[...] is empty" in fails(capsys, tmp_path, f"data={data}")
-    assert "temprature: not a key (did you mean temperature?)" in fails(
+    assert "temprature: not a key of the config (did you mean temperature?)" in fails(
         capsys, tmp_path, f"data={data}", "policies=[demo]", "temprature=1"
     )
 

@@ -218,3 +218,27 @@ def test_the_collapse_guards_lr_scale_is_refused_where_verl_cannot_apply_it() ->
         ConfigError, match=r"trainer.collapse_guard.lr_scale=0.2: the verl backend rolls back"
     ):
         validate(compose_config(None, [*base, "trainer.collapse_guard.lr_scale=0.2"]))
+
+
+def test_the_own_agent_pages_verl_lines_are_configs_verl_accepts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/own_agent.md's `agl train … backend=verl` lines, with `--check`, on the starter
+    (the torch lines: tests/test_docs_commands.py)."""
+    from agentlightning.cli import main as agl
+
+    from ..pages import commands
+
+    lines = [
+        w[1:] for w in commands("docs/own_agent.md") if w[:2] == ["agl", "train"] and "backend=verl" in w
+    ]
+    assert lines, "docs/own_agent.md shows no verl line"
+    monkeypatch.chdir(tmp_path)
+    assert agl(["init", "my_agent"]) == 0
+    for words in lines:
+        capsys.readouterr()
+        assert agl([*words, "--check"]) == 0, " ".join(words)
+        assert "good for the verl backend" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # verl's own check: 2 × 2 rollouts do not divide over 8 GPUs
+        agl(["train", "my_agent/config.yaml", "backend=verl", "--check"])
+    assert "must be divisible" in capsys.readouterr().err
