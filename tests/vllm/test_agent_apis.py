@@ -171,10 +171,11 @@ def responses_loop(rollout: Rollout, stream_last: bool = False) -> str:
     raise AssertionError("the model did not stop calling tools")
 
 
-def anthropic_loop(rollout: Rollout, stream_last: bool = False) -> str:
+def anthropic_loop(rollout: Rollout, stream_last: bool = False, max_tokens: int = 200) -> str:
     messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
     for turn in range(len(TOOL_TURNS) + 1):
-        kwargs = {"model": "m", "max_tokens": 200, "messages": messages, "tools": ANTHROPIC_TOOLS}
+        kwargs = {"model": "m", "max_tokens": max_tokens, "messages": messages, "tools": ANTHROPIC_TOOLS}
+        kwargs["timeout"] = 300  # the SDK refuses a non-streamed call whose max_tokens may take long
         if stream_last and turn == len(TOOL_TURNS):
             with rollout.anthropic.messages.stream(**kwargs) as stream:  # type: ignore[arg-type]
                 message = stream.get_final_message()
@@ -229,6 +230,22 @@ LOOPS: dict[str, Callable[..., str]] = {
     "anthropic.messages": anthropic_loop,
     "chat.completions": chat_loop,
 }
+
+
+@pytest.mark.parametrize("path", ["exact", "pass"])
+def test_max_tokens_past_the_served_context_is_fitted_not_refused(
+    gateways: dict[str, RunningGateway], vllm_server: ScriptedVLLM, path: str
+) -> None:
+    """Claude Code asks every model for max_tokens 32000, past this server's whole context (1024):
+    vLLM answers with what the context leaves after the prompt, on both paths, streamed too; no
+    400 ends the harness's run."""
+    rollout = Rollout(gateways[path])
+    assert anthropic_loop(rollout, stream_last=True, max_tokens=32000) == FINAL_ANSWER
+    events = rollout.events()
+    assert [e["http_status"] for e in events] == [200, 200, 200]
+    for e in events:
+        prompt, answer = e["response"]["prompt_token_ids"], e["response"]["choices"][0]["token_ids"]
+        assert e["request"]["max_tokens"] == 32000 and len(prompt) + len(answer) <= 1024
 
 
 @pytest.mark.parametrize("api", ["responses", "anthropic.messages", "chat.completions"])

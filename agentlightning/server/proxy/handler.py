@@ -17,6 +17,7 @@ from starlette.responses import Response
 from agentlightning.log import get_logger
 from agentlightning.server.proxy import anthropic_messages, openai_responses
 from agentlightning.server.proxy.capture import CallRecord
+from agentlightning.server.proxy.context import LIMIT_KEYS, fit_max_tokens
 from agentlightning.server.proxy.experts import pop_routed_experts
 from agentlightning.server.proxy.responses import Answer, StreamAnswer, error_answer, paused_answer
 from agentlightning.server.proxy.rewrite import Api, pick_endpoint, rewrite, served_model, wants_usage_chunk
@@ -132,13 +133,15 @@ async def _call(
         except ApiInputError as exc:
             return error_answer(400, str(exc), "invalid_request_error", api=api)
         params = rewrite(upstream_body, "chat.completions", mode, config, model_name)
+    model = pick_endpoint(state.models.endpoints(model_name), rollout_id)
+    if model is not None and any(key in upstream_body for key in LIMIT_KEYS):
+        fit_max_tokens(upstream_body, params, await runtime.context.of(model.endpoint, params["model"]))
     record = CallRecord(rollout_id, attempt_id, timestamp, api, mode, body, params, stream)
     if translation is not None:
         record.data["chat_request"] = upstream_body
     exact = None
     struck = runtime.faults is not None and runtime.faults.strikes(mode, rollout_id, attempt_id, raw)
     if config.token_exact and api != "completions" and not struck:
-        model = pick_endpoint(state.models.endpoints(model_name), rollout_id)
         if model is not None and runtime.tokens.serves(model.endpoint) is not False:
             if stream and translation is None:  # streamed as the engine generates (token_stream.py)
                 started_stream = await runtime.tokens.stream(

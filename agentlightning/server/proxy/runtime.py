@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from agentlightning.schemas import ProxyState
 from agentlightning.server.config import ProxyConfig
+from agentlightning.server.proxy.context import ContextLimits
 from agentlightning.server.proxy.experts import RouteIndex
 from agentlightning.server.proxy.faults import fault_injector
 from agentlightning.server.proxy.token_exact import TokenExact
@@ -34,6 +35,7 @@ class ProxyRuntime:
         self.forgotten = 0  # deletions so far: `remember` after a store read checks none came between
         self.routes = RouteIndex()  # calls still holding MoE routes (include_routed_experts)
         self.tokens = TokenExact(self.upstream)  # tokens in / tokens out, and attempts' token history
+        self.context = ContextLimits(self.upstream)  # each endpoint's context, to fit max_tokens to
         self.faults = fault_injector(self.config)
 
     @property

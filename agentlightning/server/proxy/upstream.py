@@ -13,6 +13,7 @@ import asyncio
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from aiohttp.payload import BytesPayload
@@ -90,6 +91,16 @@ class UpstreamClient:
                 self._urls.clear()
             url = self._urls[key] = URL(endpoint.rstrip("/") + path)
         return url
+
+    async def get_json(self, endpoint: str, path: str) -> Any:
+        """GET `{endpoint}{path}` once, its JSON answer; None when it fails or is not JSON."""
+        if self._session is None:
+            raise RuntimeError("the proxy's upstream client is not open")
+        try:
+            async with self._session.get(self._url(endpoint, path), headers=self._headers) as response:
+                return await response.json(content_type=None) if response.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
 
     async def forward(
         self, pick: Callable[[], Model | None], path: str, body: bytes, stream: bool
