@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 # Ids travel in URL path segments and file names: no slashes, no whitespace.
 ID_PATTERN = r"^[^/\s]{1,256}$"
@@ -63,13 +63,29 @@ class _Strict(BaseModel):
 
 
 class LocalRolloutConfig(BaseModel):
-    """How the local runner starts the agent: `module.Class` or `module:Class` with a run() method."""
+    """How the local runner starts the agent: a Python class (`module.Class` or `module:Class` with
+    a run() method), or a command in any language (an addition over v1.0). Exactly one."""
 
-    agent_class: str = Field(min_length=1, description="module.Class or module:Class; run() may be async")
+    agent_class: str | None = Field(
+        default=None, min_length=1, description="module.Class or module:Class; run() may be async"
+    )
+    command: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        default=None,
+        min_length=1,
+        exclude_if=lambda value: value is None,  # a class agent's config on the wire as v1.0 writes it
+        description="an agent as a command, in any language: its argv, run in the runner's folder "
+        "with the agent contract's environment (an addition over v1.0)",
+    )
     env_map: dict[str, str] = Field(
         default_factory=dict,
         description="environment variable -> path into the rollout, e.g. QUESTION: input.question",
     )
+
+    @model_validator(mode="after")
+    def _one_agent(self) -> LocalRolloutConfig:
+        if (self.agent_class is None) == (self.command is None):
+            raise ValueError("set exactly one of agent_class (a Python class) and command (an agent's argv)")
+        return self
 
 
 class K8sRolloutConfig(BaseModel):

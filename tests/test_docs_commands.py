@@ -73,13 +73,15 @@ def test_the_quick_start_block_is_the_one_the_end_to_end_test_runs() -> None:
 def test_every_agl_train_line_is_a_config_the_trainer_accepts(
     page: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Each line with `--check` added, on the starter `agl init my_agent` writes, from the folder
-    the page runs it in. verl's lines are read by verl in tests/verl/test_config.py."""
+    """Each line with `--check` added: on the starter `agl init my_agent` writes, from the folder
+    the page runs it in, or on a config the repository ships (an example's), from its root. verl's
+    lines are read by verl in tests/verl/test_config.py."""
     monkeypatch.chdir(tmp_path)
     assert agl(["init", "my_agent"]) == 0
     lines = [words for words in _train_lines(page) if "backend=verl" not in words]
     assert lines, f"{page} shows no `agl train` line to check"
     for words in lines:
+        monkeypatch.chdir(REPO if (REPO / words[1]).is_file() else tmp_path)
         capsys.readouterr()
         assert agl([*words, "--check"]) == 0, f"{page}: agl {' '.join(words)}"
         assert "good for the torch backend" in capsys.readouterr().out

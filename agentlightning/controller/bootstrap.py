@@ -1,8 +1,11 @@
 """Inside an agent's process: load the agent class, run it, record how it ended.
 
 Used in two ways with the same result: as the program of a fresh interpreter
-(`python -m agentlightning.controller.bootstrap module:Class EXIT_FILE`) and by the warm
-fork server in each forked child. Keep this module's imports light: a fresh start pays for them.
+(`python -m agentlightning.controller.bootstrap EXIT_FILE module:Class`) and by the warm
+fork server in each forked child. An agent given as a command, in any language
+(`python -m agentlightning.controller.bootstrap EXIT_FILE --command ARGV...`), runs as this
+process's child, in its process group (the runner's stop reaches it), and its exit code is
+recorded the same way. Keep this module's imports light: a fresh start pays for them.
 """
 
 from __future__ import annotations
@@ -137,12 +140,44 @@ def run_and_exit(cls: type, exit_file: str) -> NoReturn:
     os._exit(code)
 
 
+EXIT_NOT_FOUND = 127  # the command could not be started (as a shell says)
+
+
+def run_command(argv: list[str], exit_file: str) -> NoReturn:
+    """Run an agent given as a command and end as it ended: with its exit code (recorded), or by
+    the signal that killed it (not recorded, as a killed class agent records nothing)."""
+    import signal
+    import subprocess
+
+    try:
+        child = subprocess.Popen(argv)
+    except OSError as exc:
+        print(f"agl-agent: cannot run the agent command {argv[0]!r}: {exc.strerror or exc}", file=sys.stderr)
+        write_exit_file(exit_file, EXIT_NOT_FOUND)
+        raise SystemExit(EXIT_NOT_FOUND) from None
+    # The runner stops the whole process group; a SIGTERM sent to this process alone is passed on.
+    signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))
+    code = child.wait()
+    if code < 0:
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # the two no handler can be set for
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    write_exit_file(exit_file, code)
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    if len(args) >= 3 and args[1] == "--command":
+        run_command(args[2:], args[0])
     if len(args) != 2:
-        print("usage: python -m agentlightning.controller.bootstrap module:Class EXIT_FILE", file=sys.stderr)
+        print(
+            "usage: python -m agentlightning.controller.bootstrap EXIT_FILE module:Class\n"
+            "       python -m agentlightning.controller.bootstrap EXIT_FILE --command ARGV...",
+            file=sys.stderr,
+        )
         raise SystemExit(EXIT_LOAD_FAILED)
-    spec, exit_file = args
+    exit_file, spec = args
     sys.argv = [spec]
     try:
         cls = load_agent_class(spec)

@@ -273,11 +273,12 @@ class LocalRunner(Runner):
         local = rollout.config.local
         if local is None:
             raise LaunchError(
-                "the rollout has no config.local (agent_class, env_map); the local runner needs "
-                "config.local.agent_class"
+                "the rollout has no config.local (agent_class or command, env_map); the local runner "
+                "needs config.local.agent_class or config.local.command"
             )
         try:
-            parse_agent_class(local.agent_class)
+            if local.agent_class is not None:
+                parse_agent_class(local.agent_class)
             key = await self.agent_key(rollout.rollout_id, attempt_id)
             env = agent_env(
                 rollout, attempt_id, self.gateway_url, key, os.environ, self.config.conventional_env
@@ -289,9 +290,14 @@ class LocalRunner(Runner):
             files.dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise LaunchError(f"cannot create the log directory {files.dir}: {exc}", retryable=True) from exc
-        started = await self._spawn_warm(local.agent_class, env, files)
-        if started is None:
-            started = await self._spawn_fresh(local.agent_class, env, files)
+        started: tuple[int, Callable[[], Awaitable[int | None]], str] | None
+        if local.command is not None:  # any language: no warm process to fork it from
+            started = await self._spawn_fresh(["--command", *local.command], env, files)
+        else:
+            assert local.agent_class is not None  # the schema holds exactly one of the two
+            started = await self._spawn_warm(local.agent_class, env, files)
+            if started is None:
+                started = await self._spawn_fresh([local.agent_class], env, files)
         pid, waiter, mode = started
         deadline = time.time() + rollout.config.timeout_seconds
         ticks = start_ticks(pid)
@@ -326,8 +332,9 @@ class LocalRunner(Runner):
         return pid, waiter, "warm"
 
     async def _spawn_fresh(
-        self, agent_class: str, env: dict[str, str], files: AttemptFiles
+        self, agent: list[str], env: dict[str, str], files: AttemptFiles
     ) -> tuple[int, Callable[[], Awaitable[int | None]], str]:
+        """A new process for the agent: bootstrap's arguments, `[module:Class]` or `["--command", *argv]`."""
         try:
             out = os.open(files.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         except OSError as exc:
@@ -337,8 +344,8 @@ class LocalRunner(Runner):
                 self.python,
                 "-m",
                 "agentlightning.controller.bootstrap",
-                agent_class,
                 str(files.exit),
+                *agent,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

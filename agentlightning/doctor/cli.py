@@ -1,7 +1,7 @@
 """`agl-doctor`: is this harness trainable? Runs a handful of its rollouts through the Gateway, on
 the token path and on pass-through, asks the model server a few sampled checks, and says so.
 
-    agl-doctor --agent MODULE:CLASS --tasks TASKS.jsonl [--env-map VAR=input.key ...]
+    agl-doctor (--agent MODULE:CLASS | --command 'CMD ARGS') --tasks TASKS.jsonl [--env-map VAR=input.key ...]
                [--cwd DIR] [--python PY] [--server URL | --model demo] [--rollouts 2] [--json]
 
 Exit status: 0 trainable; 1 trainable with breaks (a rollout makes more than one training row);
@@ -12,6 +12,7 @@ server that does not answer); 130 interrupted. See docs/doctor.md.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -42,7 +43,12 @@ def _pairs(values: list[str], flag: str) -> dict[str, str]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     agent = p.add_argument_group("the agent (as the Controller's local runner takes it)")
-    agent.add_argument("--agent", required=True, help="its class: module:Class with a run() method")
+    which = agent.add_mutually_exclusive_group(required=True)
+    which.add_argument("--agent", help="its class: module:Class with a run() method")
+    which.add_argument(
+        "--command",
+        help="or an agent in any language: its command line (e.g. 'node agent.js'), run in --cwd",
+    )
     agent.add_argument("--tasks", required=True, type=Path, help="a JSONL file of rollout inputs, one a line")
     agent.add_argument(
         "--env-map",
@@ -93,12 +99,21 @@ def settings_from(args: argparse.Namespace, work: Path) -> DoctorSettings:
         raise DoctorError(
             "--model names what the built-in engine serves; with --server it does nothing: drop one"
         )
+    if args.command is not None and args.python:
+        raise DoctorError("--python is the interpreter of an --agent class; a --command names its own")
+    try:
+        command = shlex.split(args.command) if args.command is not None else []
+    except ValueError as exc:
+        raise DoctorError(f"--command: {exc} in {args.command!r}") from None
+    if args.command is not None and not command:
+        raise DoctorError("--command is empty: give the agent's command line")
     agent = AgentSpec(
-        args.agent,
+        args.agent or "",
         _pairs(args.env_map, "--env-map"),
         str(Path(args.python).absolute()) if args.python else "",
         str(Path(args.cwd).resolve()) if args.cwd else "",
         _pairs(args.env, "--env"),
+        command,
     )
     return DoctorSettings(
         agent,

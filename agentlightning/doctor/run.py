@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -42,11 +44,23 @@ class DoctorError(Exception):
 class AgentSpec:
     """The agent as the Controller's local runner takes it."""
 
-    agent_class: str  # module:Class with a run() method
+    agent_class: str  # module:Class with a run() method ("" for a command)
     env_map: dict[str, str] = field(default_factory=dict)  # VAR -> input.path
     python: str = ""  # the agent's interpreter ("" = this one)
     cwd: str = ""  # where it runs (its modules are found there)
     env: dict[str, str] = field(default_factory=dict)  # extra environment of the agents
+    command: list[str] = field(default_factory=list)  # an agent in any language: its argv
+
+    @property
+    def label(self) -> str:
+        return self.agent_class or shlex.join(self.command)
+
+    def local_config(self) -> dict[str, Any]:
+        """The rollout's `config.local`."""
+        agent: dict[str, Any] = (
+            {"command": self.command} if self.command else {"agent_class": self.agent_class}
+        )
+        return {**agent, "env_map": self.env_map}
 
 
 @dataclass
@@ -97,6 +111,19 @@ def check_agent(agent: AgentSpec) -> None:
         raise DoctorError(f"--python {python} does not exist")
     if agent.cwd and not Path(agent.cwd).is_dir():
         raise DoctorError(f"--cwd {agent.cwd} is not a folder")
+    if agent.command:
+        program = agent.command[0]
+        found = (
+            os.access(Path(agent.cwd or ".", program), os.X_OK)
+            if "/" in program
+            else shutil.which(program, path=agent.env.get("PATH", os.environ.get("PATH"))) is not None
+        )
+        if not found:
+            raise DoctorError(
+                f"--command: {program!r} is not a program it can run"
+                + (f" (in {agent.cwd})" if "/" in program and agent.cwd else " (on PATH)")
+            )
+        return
     code = "import sys; from agentlightning.controller.bootstrap import load_agent_class as l; l(sys.argv[1])"
     try:
         done = subprocess.run(
@@ -200,7 +227,7 @@ def _run_rollouts(
     tasks = [settings.tasks[i % len(settings.tasks)] for i in range(settings.rollouts)]
     config = {
         "timeout_seconds": settings.timeout,
-        "local": {"agent_class": settings.agent.agent_class, "env_map": settings.agent.env_map},
+        "local": settings.agent.local_config(),
     }
     created = client.create_rollouts([{"input": t, "is_train": True, "config": config} for t in tasks])
     ids = [r.rollout_id for r in created]
@@ -277,9 +304,7 @@ def run_doctor(settings: DoctorSettings, say: Any = print) -> HarnessReport:
         notes: list[str] = []
         for path in settings.paths:
             exact = path == TOKEN_PATH
-            say(
-                f"{settings.name or settings.agent.agent_class}: {settings.rollouts} rollout(s) on the {path}"
-            )
+            say(f"{settings.name or settings.agent.label}: {settings.rollouts} rollout(s) on the {path}")
             work = settings.work / path.replace(" ", "-")
             with _stack(settings, upstream, model, exact, work) as (client, controller):
                 recorded[path] = _run_rollouts(client, controller, settings, work)
@@ -301,9 +326,7 @@ def run_doctor(settings: DoctorSettings, say: Any = print) -> HarnessReport:
             raise DoctorError(f"the model server stopped answering: {exc}") from None
         finally:
             probe.close()
-    report = HarnessReport(
-        settings.name or settings.agent.agent_class, server_label, reports, probes, notes=notes
-    )
+    report = HarnessReport(settings.name or settings.agent.label, server_label, reports, probes, notes=notes)
     return judge(report)
 
 

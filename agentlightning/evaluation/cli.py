@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from agentlightning.client import GatewayClient
 from agentlightning.config.loader import catch_interrupts, exit_on_interrupt, fail, load_cli_config
@@ -43,6 +43,7 @@ from agentlightning.evaluation.policies import (
 from agentlightning.launch import Service, start_controller, start_gateway, start_torch_server
 from agentlightning.procs import ProcessFailed
 from agentlightning.schemas import LocalRolloutConfig, RolloutConfig
+from agentlightning.trainer.config import LocalAgentConfig
 from agentlightning.trainer.data import load_samples
 
 PROG = "agl-eval"
@@ -101,8 +102,22 @@ class Settings:
             raise EvalError(
                 f"data: two tasks share the id in {key!r}; give each task its own, or task_id_key=''"
             )
-        if not cfg.agent.agent_class:
-            raise EvalError("agent.agent_class is not set: the agent the Controller runs")
+        try:
+            command = cfg.agent.get("command")
+            command = OmegaConf.to_container(command) if isinstance(command, ListConfig) else command
+            self.command = LocalAgentConfig(command=command).argv()
+        except ConfigError as exc:
+            raise EvalError(str(exc).replace("agentlightning.local.", "agent.")) from None
+        if self.command is not None and (cfg.agent.agent_class or cfg.agent.python):
+            raise EvalError(
+                "agent.command is an agent in any language; with it set agent.agent_class=null (its "
+                "default is the demo's agent) and leave agent.python unset (a class agent's interpreter)"
+            )
+        if self.command is None and not cfg.agent.agent_class:
+            raise EvalError(
+                "agent.agent_class is not set: the agent the Controller runs (or agent.command for "
+                "an agent in any language)"
+            )
         if cfg.agent.python and not os.access(str(cfg.agent.python), os.X_OK):
             raise EvalError(
                 f"agent.python: {cfg.agent.python} is not an executable (the agents' interpreter)"
@@ -378,7 +393,8 @@ class Evaluation:
         config = RolloutConfig(
             timeout_seconds=float(self.cfg.rollout_timeout_seconds),
             local=LocalRolloutConfig(
-                agent_class=str(self.cfg.agent.agent_class),
+                agent_class=str(self.cfg.agent.agent_class) if self.s.command is None else None,
+                command=self.s.command,
                 env_map={str(k): str(v) for k, v in self.cfg.agent.env_map.items()},
             ),
         )

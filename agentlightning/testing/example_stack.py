@@ -70,20 +70,22 @@ class Stack:
 
     def run(
         self,
-        agent_class: str,
+        agent: str | list[str],
         env_map: dict[str, str],
         inputs: Sequence[dict[str, Any]],
         timeout: float = 240.0,
         is_train: bool = True,
     ) -> list[RolloutResult]:
-        """Create one rollout per input, wait for all, return what each recorded."""
+        """Create one rollout per input, wait for all, return what each recorded. `agent`: a
+        Python class (module:Class), or an agent in any language as its argv."""
+        local = {"command": agent} if isinstance(agent, list) else {"agent_class": agent}
         specs = [
             {
                 "input": data,
                 "is_train": is_train,
                 "config": {
                     "timeout_seconds": timeout,
-                    "local": {"agent_class": agent_class, "env_map": env_map},
+                    "local": {**local, "env_map": env_map},
                 },
             }
             for data in inputs

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -177,8 +178,28 @@ class TraceAggregatorConfig:
 
 @dataclass
 class LocalAgentConfig:
-    agent_class: str | None = None
+    agent_class: str | None = None  # a Python agent: module:Class with a run() method
+    # ... or an agent in any language: its argv (a list, or one string split as a shell does)
+    command: Any = None
     env_map: dict[str, str] = field(default_factory=dict)
+
+    def argv(self) -> list[str] | None:
+        """`command` as an argv (None when unset); ConfigError when it is not a command."""
+        if self.command is None:
+            return None
+        key = "agentlightning.local.command"
+        if isinstance(self.command, str):
+            try:
+                argv = shlex.split(self.command)
+            except ValueError as exc:
+                raise ConfigError(f"{key}: {exc} in {self.command!r}") from None
+        elif isinstance(self.command, list | tuple) and all(isinstance(a, str) for a in self.command):
+            argv = list(self.command)
+        else:
+            raise ConfigError(f"{key} must be a command line or a list of its words, got {self.command!r}")
+        if not argv or not all(argv):
+            raise ConfigError(f"{key} must name a program, got {self.command!r}")
+        return argv
 
 
 @dataclass
@@ -322,6 +343,11 @@ class AgentLightningConfig:
             raise ConfigError(f"agentlightning.hooks: no such file: {self.hooks!r}")
         if self.local.agent_class is not None and not self.local.agent_class.strip():
             raise ConfigError("agentlightning.local.agent_class must be module.Class or module:Class, got ''")
+        if self.local.argv() is not None and self.local.agent_class is not None:
+            raise ConfigError(
+                "agentlightning.local: set agent_class (a Python class) or command (an agent in any "
+                "language), not both"
+            )
 
 
 # --- the resolved settings ------------------------------------------------------------------

@@ -122,8 +122,12 @@ class RolloutManager:
         self._rollout_config = RolloutConfig(
             timeout_seconds=agl.rollout_timeout_seconds,
             local=(
-                LocalRolloutConfig(agent_class=agl.local.agent_class, env_map=dict(agl.local.env_map))
-                if agl.local.agent_class
+                LocalRolloutConfig(
+                    agent_class=agl.local.agent_class,
+                    command=agl.local.argv(),
+                    env_map=dict(agl.local.env_map),
+                )
+                if agl.local.agent_class or agl.local.command is not None
                 else None
             ),
             k8s=K8sRolloutConfig(job_template=template) if (template := config.job_template()) else None,

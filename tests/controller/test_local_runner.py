@@ -7,6 +7,7 @@ rollouts); tests that stop or restart the controller are in test_lifecycle.py.
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -286,3 +287,40 @@ def test_an_agent_edited_on_disk_is_imported_again(
         assert str(source) in log
     finally:
         controller.stop()
+
+
+REWARD_BY_COMMAND = """
+import os, httpx
+httpx.post(os.environ["AGL_EVENT_URL"], headers={"Authorization": "Bearer " + os.environ["AGL_KEY"]},
+           json={"event_type": "reward", "data": {"value": float(os.environ["VALUE"])}}).raise_for_status()
+"""
+
+
+def test_an_agent_given_as_a_command_reports_its_reward(client: GatewayClient) -> None:
+    """Any program is an agent (config.local.command): here a Python script not a class."""
+    rollout_id = create(
+        client,
+        {"local": {"command": [sys.executable, "-c", REWARD_BY_COMMAND], "env_map": {"VALUE": "input.v"}}},
+        {"v": 0.75},
+    )
+    status = wait_terminal(client, [rollout_id], timeout=60)[rollout_id].status
+    assert status.state == "succeeded", status.error_message
+    assert reward_events(client, rollout_id) == [{"value": 0.75}]
+
+
+def test_a_command_agents_timeout_kills_what_it_started(client: GatewayClient, tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    script = f"sleep 60 & echo $! > {pid_file}; wait"
+    rollout_id = create(client, {"local": {"command": ["sh", "-c", script]}}, timeout_seconds=1.5)
+    sleeper = int(wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), 20, "the agent"))
+    status = wait_terminal(client, [rollout_id])[rollout_id].status
+    assert status.state == "failed" and "timed out after 1.5s" in (status.error_message or "")
+    wait_until(lambda: not pid_alive(sleeper), 10, "the command's child to be gone")
+
+
+def test_a_command_killed_from_outside_is_not_the_agents_fault(client: GatewayClient) -> None:
+    """Killed by a signal the Controller did not send (the OOM killer's SIGKILL): as a class agent."""
+    rollout_id = create(client, {"local": {"command": ["sh", "-c", "kill -KILL $$"]}})
+    status = wait_terminal(client, [rollout_id])[rollout_id].status
+    assert status.state == "failed"
+    assert "killed by SIGKILL, which the controller did not send" in (status.error_message or "")

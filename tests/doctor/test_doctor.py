@@ -5,7 +5,9 @@ Qwen2.5-template model (real chat template and BPE tokenizer, vLLM's token endpo
 from __future__ import annotations
 
 import json
+import shutil
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,9 @@ import pytest
 
 from agentlightning.doctor.cli import main
 from agentlightning.doctor.verdict import EXIT_BAD_INPUT, EXIT_CODES, NOT_TRAINABLE, TRAINABLE, WITH_BREAKS
+from agentlightning.testing.example_stack import EXAMPLES
 from agentlightning.testing.scripted_model import PolicyBackend, ScriptedChatModel, encode, tool_call_text
+from tests.heavy import require
 
 HERE = Path(__file__).resolve().parent
 
@@ -324,3 +328,42 @@ def test_judgement_of_a_compacted_rollout_without_processes() -> None:
     text = markdown(report)
     assert "## h: **trainable with breaks**" in text and "call 1: history_shortened @ 1" in text
     assert "call 1 of r1 at token 1" in text and "compaction" in text
+
+
+@pytest.mark.slow
+def test_an_agent_in_another_language_given_as_a_command(
+    capsys: pytest.CaptureFixture[str], tasks: Path, model: ScriptedChatModel
+) -> None:
+    """examples/any_language's JavaScript agent, as `--command`: checked as a class agent is."""
+    require([] if shutil.which("node") else ["node (Node.js >= 18)"])
+    code = main(
+        ["--command", "node agent.mjs", "--cwd", str(EXAMPLES / "any_language"), "--tasks", str(tasks),
+         "--env-map", "QUESTION=input.question", "--env-map", "ANSWER=input.answer",
+         "--server", model.base_url, "--rollouts", "1", "--timeout", "120", "--json"]
+    )  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    assert (code, report["verdict"]) == (EXIT_CODES[TRAINABLE], TRAINABLE), report["findings"]
+    assert report["harness"] == "node agent.mjs"
+    token = paths(report)["token path"]
+    assert token["token_exact_calls"] == 2 and token["rewards"] == [1.0]
+
+
+def test_a_command_that_is_not_there_or_not_one(capsys: pytest.CaptureFixture[str], tasks: Path) -> None:
+    for argv, said in [
+        (
+            ["--command", "no-such-program --flag"],
+            "--command: 'no-such-program' is not a program it can run (on PATH)",
+        ),
+        (
+            ["--command", "./agent.js", "--cwd", str(HERE)],
+            f"'./agent.js' is not a program it can run (in {HERE})",
+        ),
+        (["--command", "node 'agent.mjs"], "--command: No closing quotation"),
+        (["--command", "   "], "--command is empty"),
+        (["--command", "node a.mjs", "--python", sys.executable], "a --command names its own"),
+        (["--command", "node a.mjs", "--agent", "m:C"], "not allowed with argument"),
+    ]:
+        with pytest.raises(SystemExit) as exited:
+            main([*argv, "--tasks", str(tasks), "--server", "http://127.0.0.1:9/v1"])
+        assert exited.value.code == EXIT_BAD_INPUT
+        assert said in capsys.readouterr().err

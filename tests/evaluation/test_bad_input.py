@@ -137,3 +137,18 @@ def test_an_agents_env_map_replaces_the_demos(tmp_path: Path) -> None:
     }
     with pytest.raises(SystemExit):  # the rest of the config stays strict
         env_map("agent.envmap.X=input.x")
+
+
+def test_an_agent_command_with_a_class_or_interpreter_or_none(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = (f"data={data}", "policies=[demo]")
+    err = fails(capsys, tmp_path, *base, "agent.command=[node,agent.mjs]")  # the demo's class is still set
+    assert "with it set agent.agent_class=null" in err
+    err = fails(capsys, tmp_path, *base, "agent.command=[node,agent.mjs]", "agent.agent_class=null",
+                f"agent.python={sys.executable}")  # fmt: skip
+    assert "leave agent.python unset" in err
+    err = fails(capsys, tmp_path, *base, "agent.command='node \"agent.mjs'", "agent.agent_class=null")
+    assert "agent.command: No closing quotation" in err
+    err = fails(capsys, tmp_path, *base, "agent.agent_class=null")
+    assert "agent.agent_class is not set" in err and "agent.command" in err
