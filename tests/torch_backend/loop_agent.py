@@ -59,3 +59,21 @@ class NoRewardAgent:
     def run(self) -> None:
         messages = [{"role": "user", "content": os.environ["QUESTION"]}]
         _client().chat.completions.create(model="policy", messages=messages, max_tokens=4)
+
+
+class MessagesAgent:
+    """TwoCallAgent on the Anthropic Messages API (the official SDK): its calls are recorded on the
+    token path as chat calls are, so every algorithm, distillation included, trains on them."""
+
+    def run(self) -> None:
+        import anthropic
+
+        client = anthropic.Anthropic(
+            base_url=os.environ["AGL_ANTHROPIC_BASE_URL"], api_key=os.environ["AGL_KEY"], max_retries=10
+        )
+        messages: list[dict[str, object]] = [{"role": "user", "content": os.environ["QUESTION"]}]
+        first = client.messages.create(model="policy", messages=messages, max_tokens=6)  # type: ignore[arg-type]
+        content = "".join(b.text for b in first.content if b.type == "text")
+        messages += [{"role": "assistant", "content": content}, {"role": "user", "content": "result: 4"}]
+        client.messages.create(model="policy", messages=messages, max_tokens=6)  # type: ignore[arg-type]
+        _reward({"value": float(len(content) % 2)})

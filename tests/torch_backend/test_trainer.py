@@ -366,3 +366,39 @@ def test_agl_train_exits_2_naming_the_bad_key(args: list[str], message: str) -> 
     )
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
+
+
+def test_distillation_trains_on_the_rows_of_a_messages_api_agent(
+    services: tuple[RunningGateway, GatewayClient], tmp_path: Path
+) -> None:
+    """On-policy distillation (algorithm.distill) of an agent on the Anthropic Messages API: the
+    teacher (agl-torch-server: the student's init, sharpened; the same tokenizer) scores the
+    token-exact rows the Gateway recorded for that API, and every step updates the student on its
+    per-token signal, with no task reward (reward_coef 0). Learning with OPD is shown by
+    bench/opd.py (docs/sft.md)."""
+    from agentlightning.demo.model import build_tiny, save_tiny
+    from agentlightning.launch import start_torch_server
+
+    gateway, client = services
+    train, val = make_dataset(8, seed=0, prefix="t"), make_dataset(2, seed=1, prefix="v")
+    teacher_model, tokenizer = build_tiny(seed=0)  # the student's own init (agentlightning.seed 0)...
+    teacher_model.lm_head.weight.data *= 4  # ... sure of the tokens the near-uniform student barely prefers
+    folder = save_tiny(tmp_path / "teacher", teacher_model, tokenizer)
+    with start_torch_server(str(folder), torch_threads=1, log_path=tmp_path / "teacher.log") as teacher:
+        cfg = config(tmp_path, gateway, total_training_steps=3, test_freq=0, save_freq=0)
+        cfg.agentlightning.local.agent_class = "tests.torch_backend.loop_agent:MessagesAgent"
+        cfg.algorithm.distill = {
+            "enable": True, "teacher_url": teacher.url, "teacher_tokenizer": str(folder), "reward_coef": 0.0
+        }  # fmt: skip
+        run_ppo(cfg, train, val)
+    records = [r for r in read_metrics(tmp_path / "run" / METRICS_FILE) if "training/reward" in r]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for r in records:
+        assert r["distill/rows"] >= BATCH * N  # every rollout's rows scored by the teacher
+        assert r["distill/reverse_kl"] != 0.0  # a signal on the sampled tokens
+        assert r["actor/param_norm_change"] > 0.0  # and an update with it
+    (rollout, *_) = [r for r in client.list_rollouts(limit=1000) if r.is_train]
+    events = client.get_events_json(rollout.rollout_id, format="raw")
+    calls = [e["data"] for e in events if e["event_type"] == "model_request"]
+    assert [c["api"] for c in calls] == ["anthropic.messages"] * 2
+    assert all(c["response"]["prompt_token_ids"] and c["response"]["choices"][0]["token_ids"] for c in calls)
