@@ -1,6 +1,7 @@
-"""Post an event of an example's agent to the Gateway (shared by the plain-client agents:
-search_r1, llm_in_sandbox, science_world; they put this folder on `sys.path`, as the train
-scripts do for `launcher.py`).
+"""Post an event of an example's agent to the Gateway (shared by the agents of search_r1,
+llm_in_sandbox, science_world, gsm8k, openai_agents and langgraph; they put this folder on
+`sys.path`, as the train scripts do for `launcher.py`; the async ones call it in a thread).
+Calc-X and swe keep their own: their images are built from their folders alone.
 
 `post_event(event_type, data)` sends `{"event_type", "data"}` to `AGL_EVENT_URL` with the
 attempt's `AGL_KEY` as a bearer token, five tries with backoff (0.5, 1, 2, 4 s) on any HTTP

@@ -14,12 +14,16 @@ import asyncio
 import operator
 import os
 import re
+import sys
+from pathlib import Path
 from typing import Any
 
-import httpx
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.prebuilt import create_react_agent
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the examples' shared agent_events
+from agent_events import post_event
 
 SYSTEM = (
     "You solve arithmetic questions. Always compute with the calculate tool, then reply 'ANSWER: <number>'."
@@ -76,18 +80,10 @@ def build_graph(base_url: str, key: str) -> Any:
 
 
 async def post_reward(value: float, reason: str) -> None:
-    key = os.environ.get("AGL_KEY", "")
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    body = {"event_type": "reward", "data": {"value": value, "source": "langgraph", "reason": reason[:500]}}
-    async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
-        for attempt in range(5):
-            try:
-                (await http.post(os.environ["AGL_EVENT_URL"], json=body, headers=headers)).raise_for_status()
-                return
-            except httpx.HTTPError:
-                if attempt == 4:
-                    raise
-                await asyncio.sleep(0.5 * 2**attempt)
+    """The reward, through the examples' shared poster (retries with backoff), off the event loop."""
+    await asyncio.to_thread(
+        post_event, "reward", {"value": value, "source": "langgraph", "reason": reason[:500]}
+    )
 
 
 class LangGraphAgent:

@@ -18,9 +18,10 @@ import asyncio
 import operator
 import os
 import re
+import sys
+from pathlib import Path
 from typing import Any
 
-import httpx
 from agents import (
     Agent,
     ModelSettings,
@@ -30,6 +31,9 @@ from agents import (
     set_tracing_disabled,
 )
 from openai import AsyncOpenAI
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the examples' shared agent_events
+from agent_events import post_event
 
 INSTRUCTIONS = (
     "You solve arithmetic questions. Always compute with the calculate tool, then reply 'ANSWER: <number>'."
@@ -95,21 +99,10 @@ def build_agent() -> Agent:
 
 
 async def post_reward(value: float, reason: str) -> None:
-    key = os.environ.get("AGL_KEY", "")
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    body = {
-        "event_type": "reward",
-        "data": {"value": value, "source": "openai_agents", "reason": reason[:500]},
-    }
-    async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
-        for attempt in range(5):
-            try:
-                (await http.post(os.environ["AGL_EVENT_URL"], json=body, headers=headers)).raise_for_status()
-                return
-            except httpx.HTTPError:
-                if attempt == 4:
-                    raise
-                await asyncio.sleep(0.5 * 2**attempt)
+    """The reward, through the examples' shared poster (retries with backoff), off the event loop."""
+    await asyncio.to_thread(
+        post_event, "reward", {"value": value, "source": "openai_agents", "reason": reason[:500]}
+    )
 
 
 class AgentsSdkAgent:
