@@ -41,8 +41,8 @@ USAGE = f"""usage: agl train CONFIG.yaml [backend=torch|verl] [--check] [key=val
 Without a Gateway in the config ({GATEWAY_KEY}), starts a local Gateway and Controller for the
 run and stops them at its end; with one, trains against it (= agl-train). Paths in CONFIG are
 relative to its folder. --check reads the config as the backend will and exits: 0 when it is
-good, 2 naming the bad key (it starts nothing). Every key with its default follows (as `agl-train --help` prints them;
-docs/training.md says what each does); a starter: `agl init DIR`."""
+good, 2 naming the bad key (it starts nothing). Every key with its default follows (as
+`agl-train --help` prints them; docs/training.md says what each does); a starter: `agl init DIR`."""
 
 
 def split_args(argv: Sequence[str]) -> tuple[Path | None, list[str], list[str]]:

@@ -23,6 +23,7 @@ from agentlightning.schemas import Model
 from agentlightning.server.config import ProxyConfig
 
 RETRY_STATUSES = frozenset({408, 409, 429})
+GET_TIMEOUT_SECONDS = 10.0
 
 
 def is_retryable(status: int) -> bool:
@@ -93,11 +94,16 @@ class UpstreamClient:
         return url
 
     async def get_json(self, endpoint: str, path: str) -> Any:
-        """GET `{endpoint}{path}` once, its JSON answer; None when it fails or is not JSON."""
+        """GET `{endpoint}{path}` once, its JSON answer; None when it fails, is not JSON or takes
+        longer than GET_TIMEOUT_SECONDS (a short wait: the caller holds a model call meanwhile)."""
         if self._session is None:
             raise RuntimeError("the proxy's upstream client is not open")
         try:
-            async with self._session.get(self._url(endpoint, path), headers=self._headers) as response:
+            async with self._session.get(
+                self._url(endpoint, path),
+                headers=self._headers,
+                timeout=aiohttp.ClientTimeout(total=GET_TIMEOUT_SECONDS),
+            ) as response:
                 return await response.json(content_type=None) if response.status == 200 else None
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return None
