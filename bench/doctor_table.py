@@ -51,6 +51,23 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+SCRIPTED = "scripted Qwen2.5-template model (vLLM's token endpoints)"
+
+
+def scripted_report(
+    policy: Policy, agent: AgentSpec, tasks: list[dict[str, Any]], work: Path, rollouts: int, name: str,
+    timeout: float = 300.0,
+) -> HarnessReport:  # fmt: skip
+    """`agl-doctor` on `agent` against the scripted model playing `policy` (token endpoints, streams)."""
+    with ScriptedChatModel(policy, scale_out=True, streams=True) as model:
+        settings = DoctorSettings(
+            agent, tasks, work, server=model.base_url, rollouts=rollouts, timeout=timeout, name=name
+        )
+        report = run_doctor(settings, say=_stderr)
+    report.server = SCRIPTED
+    return report
+
+
 def example_report(harness: Harness, rollouts: int, work: Path, compact: bool = False) -> HarnessReport:
     policy = tool_then_answer(
         harness.tool,
@@ -65,18 +82,8 @@ def example_report(harness: Harness, rollouts: int, work: Path, compact: bool = 
         str(EXAMPLES / harness.example),
         harness.agent_env,
     )
-    with ScriptedChatModel(policy, scale_out=True, streams=True) as model:
-        settings = DoctorSettings(
-            agent,
-            samples(harness, rollouts),
-            work,
-            server=model.base_url,
-            rollouts=rollouts,
-            name=harness.label + (" — the model writes compact tool JSON" if compact else ""),
-        )
-        report = run_doctor(settings, say=_stderr)
-    report.server = "scripted Qwen2.5-template model (vLLM's token endpoints)"
-    return report
+    name = harness.label + (" — the model writes compact tool JSON" if compact else "")
+    return scripted_report(policy, agent, samples(harness, rollouts), work, rollouts, name)
 
 
 def swe_report(rollouts: int, work: Path, cli: str | None = None) -> HarnessReport:
@@ -119,13 +126,7 @@ def swe_report(rollouts: int, work: Path, cli: str | None = None) -> HarnessRepo
         label = f"{'Codex CLI' if cli == 'codex' else 'opencode'} (its {tool} tool, bubblewrap)"
     spec = AgentSpec(agent, {"TASK_ID": "input.task_id"}, str(SWE_PYTHON), str(EXAMPLES / "swe"), env)
     tasks = [{"task_id": SOLVED.instance_id}, {"task_id": WRONG.instance_id}]
-    with ScriptedChatModel(chosen, scale_out=True, streams=True) as model:
-        settings = DoctorSettings(
-            spec, tasks, work, server=model.base_url, rollouts=rollouts, timeout=600, name=label,
-        )  # fmt: skip
-        report = run_doctor(settings, say=_stderr)
-    report.server = "scripted Qwen2.5-template model (vLLM's token endpoints)"
-    return report
+    return scripted_report(chosen, spec, tasks, work, rollouts, label, timeout=600)
 
 
 MORE: tuple[str, ...] = ("search_r1", "llm_in_sandbox", "science_world")  # example_more_report's examples
@@ -165,16 +166,10 @@ def example_more_report(name: str, rollouts: int, work: Path) -> HarnessReport:
         tasks = [test_science_world._task(v) for v in (2, 0)][:rollouts]
     spec = AgentSpec(module.AGENT, module.ENV_MAP, str(EXAMPLES_PYTHON), str(EXAMPLES / name), env)
     try:
-        with ScriptedChatModel(policy, scale_out=True, streams=True) as model:
-            settings = DoctorSettings(
-                spec, tasks, work, server=model.base_url, rollouts=rollouts, timeout=600, name=label,
-            )  # fmt: skip
-            report = run_doctor(settings, say=_stderr)
+        return scripted_report(policy, spec, tasks, work, rollouts, label, timeout=600)
     finally:
         if service is not None:
             service.stop()
-    report.server = "scripted Qwen2.5-template model (vLLM's token endpoints)"
-    return report
 
 
 def vllm_report(rollouts: int, work: Path) -> HarnessReport:

@@ -105,9 +105,9 @@ class Settings:
         try:
             command = cfg.agent.get("command")
             command = OmegaConf.to_container(command) if isinstance(command, ListConfig) else command
-            self.command = LocalAgentConfig(command=command).argv()
+            self.command = LocalAgentConfig(command=command).argv("agent.command")
         except ConfigError as exc:
-            raise EvalError(str(exc).replace("agentlightning.local.", "agent.")) from None
+            raise EvalError(str(exc)) from None
         if self.command is not None and (cfg.agent.agent_class or cfg.agent.python):
             raise EvalError(
                 "agent.command is an agent in any language; with it set agent.agent_class=null (its "

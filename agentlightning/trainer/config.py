@@ -183,11 +183,10 @@ class LocalAgentConfig:
     command: Any = None
     env_map: dict[str, str] = field(default_factory=dict)
 
-    def argv(self) -> list[str] | None:
-        """`command` as an argv (None when unset); ConfigError when it is not a command."""
+    def argv(self, key: str = "agentlightning.local.command") -> list[str] | None:
+        """`command` as an argv (None when unset); ConfigError naming `key` when it is not a command."""
         if self.command is None:
             return None
-        key = "agentlightning.local.command"
         if isinstance(self.command, str):
             try:
                 argv = shlex.split(self.command)
