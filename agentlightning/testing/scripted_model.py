@@ -316,7 +316,9 @@ class PolicyBackend:
         self.streams = streams
         self.errors: list[str] = []
         self._rendered: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]] | None]] = {}
-        self._generated: dict[tuple[int, ...], str] = {}
+        # The text of each generation until its derender, by the generation's request id: two
+        # rollouts that write the same answer at once have the same token ids, not the same id.
+        self._generated: dict[str, str] = {}
 
     async def _run(self, step: Callable[[dict[str, Any]], dict[str, Any]], body: Any) -> dict[str, Any]:
         try:
@@ -401,7 +403,8 @@ class PolicyBackend:
         messages, tools = self._rendered.pop(body["scripted"])
         text = self.policy(messages, tools)
         ids = [*encode(text), build_tokenizer().convert_tokens_to_ids("<|im_end|>")]
-        self._generated[tuple(ids)] = text
+        request_id = f"gen-{next(_ids)}"
+        self._generated[request_id] = text
         logprobs = None
         if (body.get("sampling_params") or {}).get("logprobs") is not None:
             logprobs = {
@@ -409,14 +412,12 @@ class PolicyBackend:
             }
         calls = hermes_parse(text)[1]
         choice = {"index": 0, "token_ids": ids, "finish_reason": "stop", "logprobs": logprobs}
-        return {"request_id": f"gen-{next(_ids)}", "choices": [choice], "tool_calls_seen": len(calls)}
+        return {"request_id": request_id, "choices": [choice], "tool_calls_seen": len(calls)}
 
     def derender_body(self, body: dict[str, Any]) -> dict[str, Any]:
-        ids = body["generate_response"]["choices"][0]["token_ids"]
-        eos = build_tokenizer().convert_tokens_to_ids("<|im_end|>")
-        # The Gateway derenders without the stop token that ended the generation (vLLM's derender
-        # would keep it in the content); the scripted text is keyed by the generated ids with it.
-        text = self._generated.pop(tuple(ids), None) or self._generated.pop((*ids, eos))
+        generation = body["generate_response"]
+        ids = generation["choices"][0]["token_ids"]
+        text = self._generated.pop(generation["request_id"])
         content, calls = hermes_parse(text)
         message = {"role": "assistant", "content": content, "tool_calls": calls, "reasoning_content": None}
         return {

@@ -76,7 +76,8 @@ def test_claude_code_solves_in_one_row_and_a_wrong_fix_gets_zero(tmp_path: Path)
     for r in (solved, wrong):
         assert r.state == "succeeded", (r.error, r.log[-3000:])
         calls = r.model_requests
-        assert len(calls) == 4, r.log[-3000:]  # read, fix, test, answer
+        answers = [(c["data"]["http_status"], c["data"].get("error")) for c in calls]
+        assert len(calls) == 4, (answers, r.log[-3000:])  # read, fix, test, answer
         for call in calls:
             assert call["data"]["api"] == "anthropic.messages"
             assert call["data"]["http_status"] == 200

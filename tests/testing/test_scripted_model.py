@@ -141,3 +141,29 @@ def test_served_over_http_by_the_fake_servers_layer_with_its_faults_and_scale_ou
                 "/chat/completions/derender", json={"generate_response": generated, "model": "policy"}
             ).json()
             assert derendered["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "calculate"
+
+
+def test_two_rollouts_generating_the_same_answer_at_once_both_derender() -> None:
+    """Two rollouts that write the same answer at the same moment (the scripted engineer's last
+    words in a solved and a wrong rollout) have the same token ids: each derender finds its own
+    generation, whichever comes first."""
+    body = {"model": "policy", "messages": QUESTION, "tools": TOOLS}
+    with ScriptedChatModel(lambda m, t: "Done.", scale_out=True) as model:
+        with httpx.Client(base_url=model.base_url, trust_env=False, timeout=30) as http:
+            generated = []
+            for _ in range(2):
+                rendered = http.post("/chat/completions/render", json=body).json()
+                generated.append(
+                    http.post(
+                        f"{model.url}/inference/v1/generate",
+                        json={"token_ids": rendered["token_ids"], "scripted": rendered["scripted"]},
+                    ).json()
+                )
+            assert generated[0]["choices"][0]["token_ids"] == generated[1]["choices"][0]["token_ids"]
+            for generation in reversed(generated):
+                answer = http.post(
+                    "/chat/completions/derender", json={"generate_response": generation, "model": "policy"}
+                )
+                assert answer.status_code == 200, answer.text
+                assert answer.json()["choices"][0]["message"]["content"] == "Done."
+            assert model.errors == []
