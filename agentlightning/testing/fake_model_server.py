@@ -273,6 +273,8 @@ class FakeState:
             self.max_active = self._active
             self.total = 0
             self._opened.clear()
+            # An opened gate holds again after a reset (a call still waiting at a closed one stays).
+            self._gates = {name: gate for name, gate in self._gates.items() if not gate.is_set()}
 
     def take(self, key_text: str) -> Reply:
         """The next scripted reply for a call keyed by this text (its `delay` defaulted to the

@@ -179,11 +179,10 @@ def test_a_re_serialized_tool_call_keeps_the_rollout_one_row(
             "/v1/chat/completions/derender",
         ]
         assert steps == call_steps * 2
-        # A chat stream is derendered event by event (events that arrive together as one: at
-        # most one request a token), then whole; the other APIs' streams are made from the whole
-        # answer.
+        # A stream, in every API, is derendered event by event (events that arrive together as
+        # one: at most one request a token), then whole.
         streamed_derenders = len(paths) - 6
-        if stream and api == "chat.completions":
+        if stream:
             assert 1 <= streamed_derenders <= len("it is 9".split()) + 1
         else:
             assert streamed_derenders == 0
@@ -337,6 +336,106 @@ def test_a_streamed_tool_call_reaches_the_agent_as_the_non_streamed_one(
     streamed, whole = answers
     assert streamed["message"]["tool_calls"][0]["function"] == whole["message"]["tool_calls"][0]["function"]
     assert (streamed["token_ids"], streamed["finish_reason"]) == (whole["token_ids"], whole["finish_reason"])
+
+
+def first_text_and_the_rest(rollout: Rollout, api: str, messages: list[dict[str, Any]]) -> tuple[str, Any]:
+    """Open a stream in `api` (the official SDK, raw events); the text of the first event that
+    carries some, and an iterator over the events after it."""
+    if api == "anthropic.messages":
+        events: Any = iter(
+            rollout.anthropic.with_options(timeout=60).messages.create(
+                model="m", max_tokens=50, messages=messages, stream=True
+            )  # type: ignore[arg-type]
+        )
+        kind, field = "content_block_delta", "text"
+    else:
+        events = iter(
+            rollout.openai.with_options(timeout=60).responses.create(model="m", input=messages, stream=True)
+        )  # type: ignore[arg-type]
+        kind, field = "response.output_text.delta", "delta"
+    for event in events:
+        if event.type == kind:
+            text = getattr(event.delta, field) if api == "anthropic.messages" else event.delta
+            return text, events
+    raise AssertionError(f"the {api} stream ended without text")
+
+
+@pytest.mark.parametrize("api", ["responses", "anthropic.messages"])
+def test_a_responses_or_messages_stream_on_the_token_path_streams_as_the_model_generates(
+    gateways: dict[str, RunningGateway], scale_out_fake: FakeModelServer, api: str
+) -> None:
+    """The Responses and Messages APIs stream in their own event format while generate is held
+    after two tokens; the recorded call is the one a call that is not streamed records, and the
+    answer recorded carries the ids the agent was sent."""
+    words = "one two three four five"
+    scale_out_fake.state.reset()
+    scale_out_fake.script(Reply(content=words, gate="held", gate_after_chunks=2), Reply(content=words))
+    rollout = Rollout(gateways["exact"])
+    hi = [{"role": "user", "content": "count"}]
+    first, rest = first_text_and_the_rest(rollout, api, hi)
+    assert first in ("one", "one two")  # while generate is held after two tokens: not finished
+    scale_out_fake.open_gate("held")
+    events = list(rest)
+    if api == "anthropic.messages":
+        text = first + "".join(e.delta.text for e in events if e.type == "content_block_delta")
+        assert [e.type for e in events][-2:] == ["message_delta", "message_stop"]
+        assert events[-2].delta.stop_reason == "end_turn" and events[-2].usage.output_tokens > 0
+    else:
+        text = first + "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        assert events[-1].type == "response.completed"
+        assert events[-1].response.output_text == words
+    assert text == words
+
+    other = Rollout(gateways["exact"])
+    if api == "anthropic.messages":
+        other.anthropic.messages.create(model="m", max_tokens=50, messages=hi)  # type: ignore[arg-type]
+    else:
+        other.openai.responses.create(model="m", input=hi)  # type: ignore[arg-type]
+    (streamed,), (whole,) = rollout.events(), other.events()
+    assert streamed["status"] == "ok" and streamed["stream"] is True and not streamed["incomplete"]
+    for key in ("token_ids", "message", "logprobs", "finish_reason"):
+        assert streamed["response"]["choices"][0][key] == whole["response"]["choices"][0][key]
+    assert streamed["response"]["prompt_token_ids"] == whole["response"]["prompt_token_ids"]
+    assert streamed["segment"] == whole["segment"]
+    final = events[-1].response if api == "responses" else None
+    if final is not None:  # the response the agent completed with is the one recorded
+        assert streamed["api_response"]["id"] == final.id
+        assert [i["id"] for i in streamed["api_response"]["output"]] == [i.id for i in final.output]
+
+
+@pytest.mark.parametrize("api", ["responses", "anthropic.messages"])
+def test_a_streamed_tool_call_in_responses_or_messages_comes_in_pieces_with_the_recorded_id(
+    gateways: dict[str, RunningGateway], scale_out_fake: FakeModelServer, api: str
+) -> None:
+    scale_out_fake.state.reset()
+    scale_out_fake.script(Reply(content="", tool_calls=[ToolCall("calc", WRITTEN)]))
+    rollout = Rollout(gateways["exact"])
+    question = [{"role": "user", "content": QUESTION}]
+    if api == "anthropic.messages":
+        tools = [{"name": "calc", "input_schema": {"type": "object"}}]
+        with rollout.anthropic.messages.stream(model="m", max_tokens=50, messages=question, tools=tools) as s:  # type: ignore[arg-type]
+            pieces = [e for e in s if e.type == "input_json"]
+            message = s.get_final_message()
+        (use,) = [b for b in message.content if b.type == "tool_use"]
+        called = (use.id, use.name, use.input)
+        assert message.stop_reason == "tool_use"
+    else:
+        tools = [{"type": "function", "name": "calc", "parameters": {"type": "object"}}]
+        with rollout.openai.responses.stream(model="m", input=question, tools=tools) as s:  # type: ignore[arg-type]
+            pieces = [e for e in s if e.type == "response.function_call_arguments.delta"]
+            response = s.get_final_response()
+        (call,) = [i for i in response.output if i.type == "function_call"]
+        called = (call.call_id, call.name, json.loads(call.arguments))
+    assert len(pieces) >= 2  # the arguments come in pieces, as the model writes them
+    assert called[1:] == ("calc", json.loads(WRITTEN))
+    (event,) = rollout.events()
+    recorded = event["api_response"]
+    if api == "anthropic.messages":
+        (block,) = [b for b in recorded["content"] if b["type"] == "tool_use"]
+        assert (block["id"], block["name"], block["input"]) == called
+    else:
+        (item,) = [i for i in recorded["output"] if i["type"] == "function_call"]
+        assert (item["call_id"], item["name"], json.loads(item["arguments"])) == called
 
 
 def test_generate_events_that_arrive_together_go_to_derender_as_one() -> None:

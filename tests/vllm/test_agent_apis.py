@@ -260,6 +260,44 @@ def test_sdk_tool_loop_is_recorded_exactly_as_vllm_generated(
     assert (first["name"], json.loads(first["arguments"])) == (FUNCTION["name"], TOOL_TURNS[0][0])
 
 
+def requests_running(server: ScriptedVLLM) -> float:
+    """vLLM's own count of the requests it is generating now (its Prometheus gauge)."""
+    metrics = httpx.get(f"{server.base_url}/metrics", timeout=30).text
+    lines = [line for line in metrics.splitlines() if line.startswith("vllm:num_requests_running")]
+    assert lines, "vLLM's /metrics has no vllm:num_requests_running"
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+
+def test_a_token_path_stream_reaches_the_agent_while_vllm_still_generates(
+    gateways: dict[str, RunningGateway], vllm_server: ScriptedVLLM
+) -> None:
+    """A long answer (512 tokens, the end-of-text token ignored): the agent's first chunk comes
+    while vLLM is still generating the answer (vLLM's gauge says so at that moment); the recorded
+    answer is every token the agent was sent."""
+    rollout = Rollout(gateways["exact"])
+    stream = rollout.openai.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": QUESTION}],
+        max_tokens=512,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    chunks = iter(stream)
+    first = next(c for c in chunks if c.choices and (c.choices[0].model_extra or {}).get("token_ids"))
+    assert requests_running(vllm_server) == 1  # the answer is still being generated
+    rest = list(chunks)
+    ids = [
+        t
+        for c in [first, *rest]
+        if c.choices
+        for t in (c.choices[0].model_extra or {}).get("token_ids") or []
+    ]
+    assert len(ids) == 512
+    (event,) = rollout.events()
+    assert event["status"] == "ok" and event["stream"] is True and not event["incomplete"]
+    assert event["response"]["choices"][0]["token_ids"] == ids
+
+
 def test_responses_stream_with_a_function_tool(
     gateways: dict[str, RunningGateway], vllm_server: ScriptedVLLM
 ) -> None:

@@ -22,6 +22,7 @@ from agentlightning.server.proxy.translate import (
     chat_message,
     chat_tool_calls,
     chat_usage,
+    chunk_deltas,
     ensure_calls_answered,
     sse,
 )
@@ -276,46 +277,95 @@ def _stop_sequence(chat: dict[str, Any]) -> str | None:
     return None
 
 
-def stream_events(message: dict[str, Any]) -> bytes:
-    """The event stream of a finished message, as the Messages API streams one.
+class MessageStream:
+    """A chat stream as the Messages API streams: `message_start`, then a content block per
+    thinking, text and tool use (started, its deltas as they come, stopped), then `message_delta`
+    with the stop reason and `message_stop` (translate.ApiStream)."""
 
-    Synthesized from the whole answer (the Gateway generates first, then streams): each
-    content block is started, sent as one delta, and stopped.
-    """
-    events: list[tuple[str, dict[str, Any]]] = []
-    head = {
-        **message,
-        "content": [],
-        "stop_reason": None,
-        "stop_sequence": None,
-        "usage": {**message["usage"], "output_tokens": 0},
-    }
-    events.append(("message_start", {"message": head}))
-    for index, block in enumerate(message["content"]):
-        kind = block["type"]
-        if kind == "text":
-            events.append(
-                ("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})
-            )
-            delta: dict[str, Any] = {"type": "text_delta", "text": block["text"]}
-        elif kind == "thinking":
-            start: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
-            events.append(("content_block_start", {"index": index, "content_block": start}))
-            delta = {"type": "thinking_delta", "thinking": block["thinking"]}
-        else:  # tool_use
-            start = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
-            events.append(("content_block_start", {"index": index, "content_block": start}))
-            delta = {"type": "input_json_delta", "partial_json": orjson.dumps(block["input"]).decode()}
-        events.append(("content_block_delta", {"index": index, "delta": delta}))
-        events.append(("content_block_stop", {"index": index}))
-    events.append(
-        (
-            "message_delta",
-            {
-                "delta": {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]},
-                "usage": {"output_tokens": message["usage"]["output_tokens"]},
+    def __init__(self, request: dict[str, Any], input_tokens: int) -> None:
+        self.request = request
+        self.input_tokens = input_tokens
+        self.id = f"msg_{uuid.uuid4().hex}"
+        self.started = False
+        self.index = -1  # the open content block's index
+        self.open: str | int | None = None  # "thinking", "text", or the open tool call's chat index
+        self.tool_ids: list[str] = []  # the tool_use ids the agent was sent, in order
+
+    def chunk(self, chunk: dict[str, Any]) -> bytes:
+        reasoning, text, calls = chunk_deltas(chunk)
+        events = self._begin(chunk.get("model"))
+        if reasoning:
+            self._block(events, "thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            events.append(("content_block_delta", {"index": self.index, "delta": {"type": "thinking_delta", "thinking": reasoning}}))  # fmt: skip
+        if text:
+            self._block(events, "text", {"type": "text", "text": ""})
+            events.append(("content_block_delta", {"index": self.index, "delta": {"type": "text_delta", "text": text}}))  # fmt: skip
+        for call in calls:
+            if self.open != call.position:
+                tool_id = call.id or f"toolu_{uuid.uuid4().hex}"
+                self.tool_ids.append(tool_id)
+                start = {"type": "tool_use", "id": tool_id, "name": call.name or "", "input": {}}
+                self._block(events, call.position, start)
+            if call.arguments:
+                delta = {"type": "input_json_delta", "partial_json": call.arguments}
+                events.append(("content_block_delta", {"index": self.index, "delta": delta}))
+        return _encode(events)
+
+    def finish(self, chat: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        message = from_chat(chat, self.request)
+        message["id"] = self.id
+        uses = [block for block in message["content"] if block["type"] == "tool_use"]
+        for block, sent in zip(uses, self.tool_ids, strict=False):  # the ids the agent was sent
+            block["id"] = sent
+        events = self._begin(message["model"])
+        self._close(events)
+        end = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
+        events.append(("message_delta", {"delta": end, "usage": {"output_tokens": message["usage"]["output_tokens"]}}))  # fmt: skip
+        events.append(("message_stop", {}))
+        return message, _encode(events)
+
+    def error(self, status: int, message: str, kind: str) -> bytes:
+        return sse("error", orjson.loads(error_body(status, message)), named=True)
+
+    def _begin(self, model: Any) -> list[tuple[str, dict[str, Any]]]:
+        if self.started:
+            return []
+        self.started = True
+        head = {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.request.get("model") or model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": self.input_tokens,
+                "output_tokens": 0,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
             },
-        )
-    )
-    events.append(("message_stop", {}))
+        }
+        return [("message_start", {"message": head})]
+
+    def _block(
+        self, events: list[tuple[str, dict[str, Any]]], kind: str | int, start: dict[str, Any]
+    ) -> None:
+        if self.open == kind:
+            return
+        self._close(events)
+        self.index += 1
+        self.open = kind
+        events.append(("content_block_start", {"index": self.index, "content_block": start}))
+
+    def _close(self, events: list[tuple[str, dict[str, Any]]]) -> None:
+        if self.open is not None:
+            events.append(("content_block_stop", {"index": self.index}))
+            self.open = None
+
+
+def _encode(events: list[tuple[str, dict[str, Any]]]) -> bytes:
     return b"".join(sse(kind, {"type": kind, **data}, named=True) for kind, data in events)
+
+
+Stream = MessageStream  # the translation's stream, as handler.py picks it

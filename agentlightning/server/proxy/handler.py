@@ -22,8 +22,8 @@ from agentlightning.server.proxy.experts import pop_routed_experts
 from agentlightning.server.proxy.responses import Answer, StreamAnswer, error_answer, paused_answer
 from agentlightning.server.proxy.rewrite import Api, pick_endpoint, rewrite, served_model, wants_usage_chunk
 from agentlightning.server.proxy.token_exact import chat_stream, messages_of
-from agentlightning.server.proxy.token_stream import TokenStreamAnswer
-from agentlightning.server.proxy.translate import ApiInputError
+from agentlightning.server.proxy.token_stream import ChatStream, TokenStreamAnswer
+from agentlightning.server.proxy.translate import ApiInputError, chat_usage, whole_stream
 from agentlightning.server.state import GatewayState
 from agentlightning.server.store import RolloutNotFound
 from agentlightning.server.triplet import model_request_triplet
@@ -127,7 +127,8 @@ async def _call(
         upstream_body = body
         params = rewrite(body, api, mode, config, model_name)
     else:
-        # Served as a non-streamed chat call; the agent's stream is made from its answer.
+        # Served as a chat call: on the token path streamed as generated and re-spoken in the
+        # agent's API; on pass-through not streamed, the agent's stream made from its answer.
         try:
             upstream_body = translation.to_chat(body)
         except ApiInputError as exc:
@@ -143,7 +144,7 @@ async def _call(
     struck = runtime.faults is not None and runtime.faults.strikes(mode, rollout_id, attempt_id, raw)
     if config.token_exact and api != "completions" and not struck:
         if model is not None and runtime.tokens.serves(model.endpoint) is not False:
-            if stream and translation is None:  # streamed as the engine generates (token_stream.py)
+            if stream:  # streamed as the engine generates (token_stream.py), in the agent's API
                 started_stream = await runtime.tokens.stream(
                     state.store, model, upstream_body, params, rollout_id, attempt_id
                 )
@@ -151,6 +152,11 @@ async def _call(
                     prepared, generate = started_stream
                     record.data["segment"] = prepared.segment
                     upstream_s = time.perf_counter() - started
+                    events = (
+                        ChatStream(wants_usage_chunk(body))
+                        if translation is None
+                        else translation.Stream(body, len(prepared.prompt))
+                    )
                     return TokenStreamAnswer(
                         runtime.tokens,
                         model,
@@ -159,7 +165,7 @@ async def _call(
                         record,
                         state.store,
                         started,
-                        wants_usage_chunk(body),
+                        events,
                         done,
                         rollout_gone,
                     )
@@ -246,12 +252,14 @@ async def _call(
         if translation is not None and error is not None and 200 <= status < 300:
             answer = error_answer(502, error, "upstream_error", api=api)
         elif translation is not None and isinstance(response, dict):
-            api_response = translation.from_chat(response, body)
-            record.data["api_response"] = api_response
             if stream:
-                answer = Answer(translation.stream_events(api_response), status, "text/event-stream")
+                events = translation.Stream(body, chat_usage(response)[0])
+                api_response, streamed = whole_stream(events, response)
+                answer = Answer(streamed, status, "text/event-stream")
             else:
+                api_response = translation.from_chat(response, body)
                 answer = Answer(orjson.dumps(api_response), status)
+            record.data["api_response"] = api_response
         record.finish(
             http_status=status,
             latency_ms=latency_ms,

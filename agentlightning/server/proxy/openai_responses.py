@@ -24,6 +24,7 @@ from agentlightning.server.proxy.translate import (
     chat_message,
     chat_tool_calls,
     chat_usage,
+    chunk_deltas,
     ensure_calls_answered,
     sse,
 )
@@ -264,52 +265,126 @@ def from_chat(chat: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def stream_events(response: dict[str, Any]) -> bytes:
-    """The event stream of a finished response, as the Responses API streams one.
+class ResponseStream:
+    """A chat stream as the Responses API streams: `response.created`, then an output item per
+    reasoning, message and function call (added, its deltas as they come, done), then
+    `response.completed` (or `.incomplete`) with the whole response (translate.ApiStream)."""
 
-    Synthesized from the whole answer (the Gateway generates first, then streams): each
-    output item is announced, its text or arguments sent as one delta, then closed.
-    """
-    events: list[tuple[str, dict[str, Any]]] = []
-    started = {**response, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
-    events.append(("response.created", {"response": started}))
-    events.append(("response.in_progress", {"response": started}))
-    for index, item in enumerate(response["output"]):
-        kind = item["type"]
-        if kind == "message":
-            part = item["content"][0]
-            events.append(
-                (
-                    "response.output_item.added",
-                    {"output_index": index, "item": {**item, "status": "in_progress", "content": []}},
-                )
+    def __init__(self, request: dict[str, Any], input_tokens: int) -> None:
+        self.request = request
+        self.id = _new_id("resp")
+        self.created = int(time.time())
+        self.sequence = 0
+        self.started = False
+        self.items: list[dict[str, Any]] = []  # by output index, as the agent was sent them
+        self.open: str | int | None = None  # "reasoning", "message", or the open tool call's chat index
+        self.text = ""  # the open item's text or arguments so far
+
+    def chunk(self, chunk: dict[str, Any]) -> bytes:
+        reasoning, text, calls = chunk_deltas(chunk)
+        events = self._begin()
+        if reasoning:
+            self._item(
+                events, "reasoning", {"type": "reasoning", "id": _new_id("rs"), "summary": [], "content": []}
             )
-            where = {"item_id": item["id"], "output_index": index, "content_index": 0}
-            events.append(("response.content_part.added", {**where, "part": {**part, "text": ""}}))
-            events.append(("response.output_text.delta", {**where, "delta": part["text"], "logprobs": []}))
-            events.append(("response.output_text.done", {**where, "text": part["text"], "logprobs": []}))
-            events.append(("response.content_part.done", {**where, "part": part}))
-        elif kind == "function_call":
-            events.append(
-                (
-                    "response.output_item.added",
-                    {"output_index": index, "item": {**item, "arguments": "", "status": "in_progress"}},
-                )
-            )
-            where = {"item_id": item["id"], "output_index": index}
-            events.append(("response.function_call_arguments.delta", {**where, "delta": item["arguments"]}))
-            events.append(
-                (
-                    "response.function_call_arguments.done",
-                    {**where, "arguments": item["arguments"], "name": item["name"]},
-                )
-            )
+            events.append(("response.reasoning_text.delta", {**self._where(), "content_index": 0, "delta": reasoning}))  # fmt: skip
+            self.text += reasoning
+        if text:
+            if self.open != "message":
+                item = {"type": "message", "id": _new_id("msg"), "status": "in_progress", "role": "assistant", "content": []}  # fmt: skip
+                self._item(events, "message", item)
+                events.append(("response.content_part.added", {**self._where(), "content_index": 0, "part": _text_part("")}))  # fmt: skip
+            events.append(("response.output_text.delta", {**self._where(), "content_index": 0, "delta": text, "logprobs": []}))  # fmt: skip
+            self.text += text
+        for call in calls:
+            if self.open != call.position:
+                item = {
+                    "type": "function_call",
+                    "id": _new_id("fc"),
+                    "call_id": call.id or f"call_{call.position}",
+                    "name": call.name or "",
+                    "arguments": "",
+                    "status": "in_progress",
+                }
+                self._item(events, call.position, item)
+            if call.arguments:
+                events.append(("response.function_call_arguments.delta", {**self._where(), "delta": call.arguments}))  # fmt: skip
+                self.text += call.arguments
+        return self._encode(events)
+
+    def finish(self, chat: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        response = from_chat(chat, self.request)
+        response["id"], response["created_at"] = self.id, self.created
+        sent = {
+            kind: [i for i in self.items if i["type"] == kind] for kind in {i["type"] for i in self.items}
+        }
+        for item in response["output"]:  # the ids the agent was sent, the nth item of a type to the nth
+            if sent.get(item["type"]):
+                streamed = sent[item["type"]].pop(0)
+                item["id"] = streamed["id"]
+                if "call_id" in streamed:
+                    item["call_id"] = streamed["call_id"]
+        events = self._begin()
+        self._close(events)
+        last = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
+        events.append((last, {"response": response}))
+        return response, self._encode(events)
+
+    def error(self, status: int, message: str, kind: str) -> bytes:
+        failed = {**self._head(), "status": "failed", "error": {"code": kind, "message": message}}
+        return self._encode([("response.failed", {"response": failed})])
+
+    def _head(self) -> dict[str, Any]:
+        empty = from_chat({"created": self.created}, self.request)
+        return {**empty, "id": self.id, "status": "in_progress", "output": [], "usage": None}
+
+    def _begin(self) -> list[tuple[str, dict[str, Any]]]:
+        if self.started:
+            return []
+        self.started = True
+        head = self._head()
+        return [("response.created", {"response": head}), ("response.in_progress", {"response": head})]
+
+    def _where(self) -> dict[str, Any]:
+        return {"item_id": self.items[-1]["id"], "output_index": len(self.items) - 1}
+
+    def _item(self, events: list[tuple[str, dict[str, Any]]], kind: str | int, item: dict[str, Any]) -> None:
+        if self.open == kind:
+            return
+        self._close(events)
+        self.open = kind
+        self.items.append(item)
+        events.append(("response.output_item.added", {"output_index": len(self.items) - 1, "item": item}))
+
+    def _close(self, events: list[tuple[str, dict[str, Any]]]) -> None:
+        """The open item's done events, with all it was sent."""
+        if self.open is None:
+            return
+        item, where, text = self.items[-1], self._where(), self.text
+        if item["type"] == "reasoning":
+            item = {**item, "content": [{"type": "reasoning_text", "text": text}]}
+            events.append(("response.reasoning_text.done", {**where, "content_index": 0, "text": text}))
+        elif item["type"] == "message":
+            item = {**item, "status": "completed", "content": [_text_part(text)]}
+            events.append(("response.output_text.done", {**where, "content_index": 0, "text": text, "logprobs": []}))  # fmt: skip
+            events.append(("response.content_part.done", {**where, "content_index": 0, "part": _text_part(text)}))  # fmt: skip
         else:
-            events.append(("response.output_item.added", {"output_index": index, "item": item}))
-        events.append(("response.output_item.done", {"output_index": index, "item": item}))
-    last = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
-    events.append((last, {"response": response}))
-    return b"".join(
-        sse(kind, {"type": kind, "sequence_number": n, **data}, named=True)
-        for n, (kind, data) in enumerate(events)
-    )
+            item = {**item, "arguments": text, "status": "completed"}
+            events.append(("response.function_call_arguments.done", {**where, "arguments": text, "name": item["name"]}))  # fmt: skip
+        self.items[-1] = item
+        events.append(("response.output_item.done", {"output_index": len(self.items) - 1, "item": item}))
+        self.open, self.text = None, ""
+
+    def _encode(self, events: list[tuple[str, dict[str, Any]]]) -> bytes:
+        out = []
+        for kind, data in events:
+            out.append(sse(kind, {"type": kind, "sequence_number": self.sequence, **data}, named=True))
+            self.sequence += 1
+        return b"".join(out)
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+Stream = ResponseStream  # the translation's stream, as handler.py picks it

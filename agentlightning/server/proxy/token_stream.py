@@ -4,10 +4,10 @@ Generate (`/inference/v1/generate` with `stream: true`) sends the new token ids 
 engine step; each event goes through vLLM's streamed derender (one request an event, carrying
 the state the previous one handed back) and on to the agent as a chat chunk with its
 `token_ids` (the first also with `prompt_token_ids`), as vLLM's own chat stream does with
-`return_token_ids`. When generation ends, the whole generation is derendered once, as for a
-call that is not streamed (token_exact.py), so the recorded call is the same; it is recorded
-before the stream's `[DONE]` goes out. The Responses and Messages routes still make their
-streams from the finished answer (their encoders take a whole answer).
+`return_token_ids`, or re-spoken in the agent's API (Responses, Messages: translate.ApiStream).
+When generation ends, the whole generation is derendered once, as for a call that is not
+streamed (token_exact.py), so the recorded call is the same; it is recorded before the stream's
+last event goes out.
 """
 
 from __future__ import annotations
@@ -32,17 +32,44 @@ from agentlightning.server.proxy.token_exact import (
     generate_event_problem,
     token_logprobs,
 )
-from agentlightning.server.proxy.translate import sse
+from agentlightning.server.proxy.translate import ApiStream, sse
 from agentlightning.server.proxy.upstream import Forwarded
 from agentlightning.server.store import RolloutNotFound, Store
 
 log = get_logger("proxy")
 
 
+class ChatStream:
+    """The chat stream itself (translate.ApiStream): each chunk as it is, then the usage chunk
+    if the agent asked for it, and `[DONE]`."""
+
+    def __init__(self, pass_usage: bool) -> None:
+        self.pass_usage = pass_usage
+
+    def chunk(self, chunk: dict[str, Any]) -> bytes:
+        return sse("chunk", chunk, named=False)
+
+    def finish(self, chat: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        tail = b""
+        if self.pass_usage:
+            head = {k: chat.get(k) for k in ("id", "created", "model")}
+            usage: dict[str, Any] = {
+                **head,
+                "object": "chat.completion.chunk",
+                "choices": [],
+                "usage": chat.get("usage"),
+            }
+            tail = sse("chunk", usage, named=False)
+        return chat, tail + b"data: [DONE]\n\n"
+
+    def error(self, status: int, message: str, kind: str) -> bytes:
+        return error_event(status, message, kind)
+
+
 class TokenStreamAnswer(UpstreamStream):
-    """The agent's chat stream, chunk by chunk as generate's events arrive. If the agent leaves
-    mid-stream, generate's stream is closed (vLLM then aborts the request) and the call is
-    recorded as incomplete, with the tokens generated so far."""
+    """The agent's stream, chunk by chunk as generate's events arrive, in the agent's API
+    (`events`). If the agent leaves mid-stream, generate's stream is closed (vLLM then aborts the
+    request) and the call is recorded as incomplete, with the tokens generated so far."""
 
     def __init__(
         self,
@@ -53,14 +80,15 @@ class TokenStreamAnswer(UpstreamStream):
         record: CallRecord,
         store: Store,
         started: float,
-        pass_usage: bool,
+        events: ApiStream,
         done: Callable[[], None],
         on_rollout_gone: Callable[[], None],
     ) -> None:
-        super().__init__(generate.stream, record, store, started, pass_usage, done, on_rollout_gone)
+        super().__init__(generate.stream, record, store, started, False, done, on_rollout_gone)
         self.tokens = tokens
         self.model = model
         self.prepared = prepared
+        self.events = events
 
     async def _pump(self, send: Send) -> bytes:
         """Send the chunks until generation ends; record the call. Returns the last bytes to send."""
@@ -97,13 +125,9 @@ class TokenStreamAnswer(UpstreamStream):
                 chunk["prompt_token_ids"] = prepared.prompt
                 first = False
             try:
-                await send(
-                    {
-                        "type": "http.response.body",
-                        "body": sse("chunk", chunk, named=False),
-                        "more_body": True,
-                    }
-                )
+                body = self.events.chunk(chunk)
+                if body:
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
             except OSError:  # servers on ASGI spec 2.4 raise when the agent has gone
                 self.agent_gone = True
                 self.upstream.close()
@@ -166,6 +190,11 @@ class TokenStreamAnswer(UpstreamStream):
                     )
         if response is None:  # what was generated, as a pass-through stream's record keeps it
             response = {"choices": generation["choices"], "prompt_token_ids": prepared.prompt}
+        tail = b""
+        if error is None:
+            answer, tail = self.events.finish(response)
+            if not isinstance(self.events, ChatStream):  # a translated API's answer, as the agent got it
+                self.record.data["api_response"] = answer
         self.record.finish(
             http_status=200,
             latency_ms=(time.perf_counter() - self.started) * 1000,
@@ -179,25 +208,15 @@ class TokenStreamAnswer(UpstreamStream):
             await self.record.save(self.store)
         except RolloutNotFound as exc:
             self.on_rollout_gone()
-            return error_event(404, str(exc), "not_found")
+            return self.events.error(404, str(exc), "not_found")
         except Exception as exc:
             log.exception("stream_record_failed", rollout_id=self.record.rollout_id)
-            return error_event(
+            return self.events.error(
                 500, f"the call could not be recorded: {type(exc).__name__}: {exc}", "internal_error"
             )
         if error is not None:
-            return error_event(502, error, "upstream_error")
-        tail = b""
-        if self.pass_usage:
-            head = {k: response.get(k) for k in ("id", "created", "model")}
-            usage: dict[str, Any] = {
-                **head,
-                "object": "chat.completion.chunk",
-                "choices": [],
-                "usage": response.get("usage"),
-            }
-            tail = sse("chunk", usage, named=False)
-        return tail + b"data: [DONE]\n\n"
+            return self.events.error(502, error, "upstream_error")
+        return tail
 
 
 def merged(events: list[dict[str, Any]]) -> dict[str, Any]:

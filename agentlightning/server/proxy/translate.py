@@ -1,9 +1,9 @@
 """What the Responses and Anthropic Messages translations share: input checks, reading a chat
-answer, and server-sent events."""
+answer, and server-sent events: a chat stream re-spoken in the agent's API as it arrives."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 
@@ -86,3 +86,62 @@ def sse(kind: str, data: dict[str, Any], named: bool) -> bytes:
     """One server-sent event; `named` adds the `event:` line both APIs send."""
     head = b"event: " + kind.encode() + b"\n" if named else b""
     return head + b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+class ApiStream(Protocol):
+    """A chat stream re-spoken as the agent's API streams, chunk by chunk as the engine writes it.
+
+    `chunk` gives the events for one chat chunk's delta (text, reasoning, tool calls); `finish`
+    the last events, built from the whole chat answer, with the API's answer to record (its ids
+    those the agent was sent); `error` an error event in the API's shape, for a stream that broke.
+    """
+
+    def chunk(self, chunk: dict[str, Any]) -> bytes: ...
+
+    def finish(self, chat: dict[str, Any]) -> tuple[dict[str, Any], bytes]: ...
+
+    def error(self, status: int, message: str, kind: str) -> bytes: ...
+
+
+class CallDelta(NamedTuple):
+    """A piece of a streamed tool call: its position among the answer's calls; id and name on its first piece."""
+
+    position: int
+    id: str | None
+    name: str | None
+    arguments: str
+
+
+def chunk_deltas(chunk: dict[str, Any]) -> tuple[str, str, list[CallDelta]]:
+    """The reasoning, text and tool-call deltas of a chat chunk's first choice."""
+    choices = chunk.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    delta = choice.get("delta")
+    delta = delta if isinstance(delta, dict) else {}
+    reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+    text = delta.get("content")
+    calls = []
+    for i, call in enumerate(delta.get("tool_calls") or []):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            continue
+        index = call.get("index")
+        calls.append(
+            CallDelta(
+                index if isinstance(index, int) else i,
+                call.get("id") or None,
+                function.get("name") or None,
+                str(function.get("arguments") or ""),
+            )
+        )
+    return (reasoning if isinstance(reasoning, str) else "", text if isinstance(text, str) else "", calls)
+
+
+def whole_stream(stream: ApiStream, chat: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """A finished chat answer streamed in one go: the whole message as one chunk, then the end."""
+    message, _ = chat_message(chat)
+    delta = {key: message.get(key) for key in ("content", "reasoning_content", "reasoning")}
+    delta["tool_calls"] = [{**call, "index": i} for i, call in enumerate(message.get("tool_calls") or [])]
+    head = stream.chunk({"choices": [{"index": 0, "delta": delta}]})
+    answer, tail = stream.finish(chat)
+    return answer, head + tail
