@@ -360,17 +360,19 @@ def first_text_and_the_rest(rollout: Rollout, api: str, messages: list[dict[str,
     raise AssertionError(f"the {api} stream ended without text")
 
 
+@pytest.mark.parametrize("path", ["exact", "pass"])
 @pytest.mark.parametrize("api", ["responses", "anthropic.messages"])
-def test_a_responses_or_messages_stream_on_the_token_path_streams_as_the_model_generates(
-    gateways: dict[str, RunningGateway], scale_out_fake: FakeModelServer, api: str
+def test_a_responses_or_messages_stream_streams_as_the_model_generates(
+    gateways: dict[str, RunningGateway], scale_out_fake: FakeModelServer, api: str, path: str
 ) -> None:
-    """The Responses and Messages APIs stream in their own event format while generate is held
-    after two tokens; the recorded call is the one a call that is not streamed records, and the
-    answer recorded carries the ids the agent was sent."""
+    """The Responses and Messages APIs stream in their own event format while the model is held
+    after two tokens (generate on the token path, the chat stream on pass-through); the recorded
+    call is the one a call that is not streamed records, and the answer recorded carries the ids
+    the agent was sent."""
     words = "one two three four five"
     scale_out_fake.state.reset()
     scale_out_fake.script(Reply(content=words, gate="held", gate_after_chunks=2), Reply(content=words))
-    rollout = Rollout(gateways["exact"])
+    rollout = Rollout(gateways[path])
     hi = [{"role": "user", "content": "count"}]
     first, rest = first_text_and_the_rest(rollout, api, hi)
     assert first in ("one", "one two")  # while generate is held after two tokens: not finished
@@ -386,7 +388,7 @@ def test_a_responses_or_messages_stream_on_the_token_path_streams_as_the_model_g
         assert events[-1].response.output_text == words
     assert text == words
 
-    other = Rollout(gateways["exact"])
+    other = Rollout(gateways[path])
     if api == "anthropic.messages":
         other.anthropic.messages.create(model="m", max_tokens=50, messages=hi)  # type: ignore[arg-type]
     else:

@@ -282,9 +282,9 @@ class MessageStream:
     thinking, text and tool use (started, its deltas as they come, stopped), then `message_delta`
     with the stop reason and `message_stop` (translate.ApiStream)."""
 
-    def __init__(self, request: dict[str, Any], input_tokens: int) -> None:
+    def __init__(self, request: dict[str, Any], input_tokens: int | None) -> None:
         self.request = request
-        self.input_tokens = input_tokens
+        self.input_tokens = input_tokens  # None: the prompt's ids on the first chunk say it
         self.id = f"msg_{uuid.uuid4().hex}"
         self.started = False
         self.index = -1  # the open content block's index
@@ -293,6 +293,8 @@ class MessageStream:
 
     def chunk(self, chunk: dict[str, Any]) -> bytes:
         reasoning, text, calls = chunk_deltas(chunk)
+        if self.input_tokens is None and isinstance(chunk.get("prompt_token_ids"), list):
+            self.input_tokens = len(chunk["prompt_token_ids"])
         events = self._begin(chunk.get("model"))
         if reasoning:
             self._block(events, "thinking", {"type": "thinking", "thinking": "", "signature": ""})
@@ -317,6 +319,8 @@ class MessageStream:
         uses = [block for block in message["content"] if block["type"] == "tool_use"]
         for block, sent in zip(uses, self.tool_ids, strict=False):  # the ids the agent was sent
             block["id"] = sent
+        if self.input_tokens is None:
+            self.input_tokens = message["usage"]["input_tokens"]
         events = self._begin(message["model"])
         self._close(events)
         end = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
@@ -340,7 +344,7 @@ class MessageStream:
             "stop_reason": None,
             "stop_sequence": None,
             "usage": {
-                "input_tokens": self.input_tokens,
+                "input_tokens": self.input_tokens or 0,
                 "output_tokens": 0,
                 "cache_creation_input_tokens": 0,
                 "cache_read_input_tokens": 0,

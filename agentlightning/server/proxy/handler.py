@@ -127,12 +127,13 @@ async def _call(
         upstream_body = body
         params = rewrite(body, api, mode, config, model_name)
     else:
-        # Served as a chat call: on the token path streamed as generated and re-spoken in the
-        # agent's API; on pass-through not streamed, the agent's stream made from its answer.
+        # Served as a chat call, a stream's chunks re-spoken in the agent's API as they come.
         try:
             upstream_body = translation.to_chat(body)
         except ApiInputError as exc:
             return error_answer(400, str(exc), "invalid_request_error", api=api)
+        if stream:
+            upstream_body["stream"] = True
         params = rewrite(upstream_body, "chat.completions", mode, config, model_name)
     model = pick_endpoint(state.models.endpoints(model_name), rollout_id)
     if model is not None and any(key in upstream_body for key in LIMIT_KEYS):
@@ -190,13 +191,14 @@ async def _call(
             lambda: pick_endpoint(state.models.endpoints(model_name), rollout_id),
             UPSTREAM_PATHS[api],
             orjson.dumps({**upstream_body, **params}),
-            stream and translation is None,
+            stream,
         )
     upstream_s = time.perf_counter() - started
     routes = None
     if forwarded.stream is not None:
+        events = None if translation is None else translation.Stream(body, None)
         return StreamAnswer(
-            forwarded, record, state.store, started, wants_usage_chunk(body), done, rollout_gone
+            forwarded, record, state.store, started, wants_usage_chunk(body), done, rollout_gone, events
         )
 
     latency_ms = (time.perf_counter() - started) * 1000

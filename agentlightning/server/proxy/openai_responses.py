@@ -270,7 +270,8 @@ class ResponseStream:
     reasoning, message and function call (added, its deltas as they come, done), then
     `response.completed` (or `.incomplete`) with the whole response (translate.ApiStream)."""
 
-    def __init__(self, request: dict[str, Any], input_tokens: int) -> None:
+    def __init__(self, request: dict[str, Any], input_tokens: int | None) -> None:
+        del input_tokens  # Responses streams give the usage at the end only, in the whole response
         self.request = request
         self.id = _new_id("resp")
         self.created = int(time.time())

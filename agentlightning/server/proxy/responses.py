@@ -21,6 +21,7 @@ from agentlightning.log import get_logger
 from agentlightning.server.proxy.anthropic_messages import error_body as anthropic_error_body
 from agentlightning.server.proxy.capture import CallRecord
 from agentlightning.server.proxy.sse import DONE, EventSplitter, StreamAssembler, event_data, parse_event
+from agentlightning.server.proxy.translate import ApiStream
 from agentlightning.server.proxy.upstream import Forwarded
 from agentlightning.server.store import RolloutNotFound, Store
 
@@ -137,8 +138,9 @@ class UpstreamStream(Response):
 
 
 class StreamAnswer(UpstreamStream):
-    """Passes the upstream's server-sent events to the agent as they arrive, assembles them,
-    and records the call before the stream's last event (`data: [DONE]`) goes out.
+    """Passes the upstream's server-sent events to the agent as they arrive (or, for a translated
+    API, each chat chunk re-spoken in it: `events`), assembles them, and records the call before
+    the stream's last event (`data: [DONE]`) goes out.
 
     If the agent leaves mid-stream the upstream call is closed (vLLM then aborts the request)
     and what arrived so far is recorded, marked incomplete.
@@ -153,13 +155,16 @@ class StreamAnswer(UpstreamStream):
         pass_usage: bool,
         done: Callable[[], None],
         on_rollout_gone: Callable[[], None],
+        events: ApiStream | None = None,
     ) -> None:
         super().__init__(forwarded.stream, record, store, started, pass_usage, done, on_rollout_gone)
         self.forwarded = forwarded
+        self.events = events
 
     async def _pump(self, send: Send) -> bytes:
         """Forward events until the upstream ends; record the call. Returns the last bytes to send."""
-        assembler = StreamAssembler(self.record.data["api"])
+        events = self.events
+        assembler = StreamAssembler("chat.completions" if events is not None else self.record.data["api"])
         splitter = EventSplitter()
         done_event = b"data: [DONE]\n\n"
         saw_done = False
@@ -174,7 +179,12 @@ class StreamAnswer(UpstreamStream):
                     return
                 chunk = parse_event(payload)
                 assembler.add(chunk)
-                if not self.pass_usage and _usage_only(chunk):
+                if events is not None:  # the chunk in the agent's API; an error event is said at the end
+                    ok = isinstance(chunk, dict) and chunk.get("error") is None
+                    event = events.chunk(chunk) if ok else b""
+                    if not event:
+                        return
+                elif not self.pass_usage and _usage_only(chunk):
                     return
             try:
                 await send({"type": "http.response.body", "body": event, "more_body": True})
@@ -203,6 +213,10 @@ class StreamAnswer(UpstreamStream):
             error = f"the inference server sent an error: {orjson.dumps(assembler.error).decode()}"
         elif error is None and not complete:
             error = "the inference server's stream ended before the answer finished"
+        tail = done_event
+        if events is not None and error is None:
+            answer, tail = events.finish(assembler.response())
+            self.record.data["api_response"] = answer
         self.record.finish(
             http_status=200,
             latency_ms=(time.perf_counter() - self.started) * 1000,
@@ -212,19 +226,19 @@ class StreamAnswer(UpstreamStream):
             error=error,
             incomplete=not complete or self.agent_gone,
         )
+        say = events.error if events is not None else error_event
         try:
             await self.record.save(self.store)
         except RolloutNotFound as exc:
             self.on_rollout_gone()
-            return error_event(404, str(exc), "not_found")
+            return say(404, str(exc), "not_found")
         except Exception as exc:
             log.exception("stream_record_failed", rollout_id=self.record.rollout_id)
-            return error_event(
-                500, f"the call could not be recorded: {type(exc).__name__}: {exc}", "internal_error"
-            )
-        if error is not None and assembler.error is None:  # an upstream error event was passed on already
-            return error_event(502, error, "upstream_error")
-        return done_event
+            return say(500, f"the call could not be recorded: {type(exc).__name__}: {exc}", "internal_error")
+        if error is not None and (assembler.error is None or events is not None):
+            # (a chat stream's upstream error event was passed on already)
+            return say(502, error, "upstream_error")
+        return tail
 
 
 def _usage_only(chunk: Any) -> bool:
