@@ -146,7 +146,7 @@ def example_stack(
     `agent_env`: extra environment of the Controller, which its agents inherit."""
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with ScriptedChatModel(policy, scale_out=scale_out) as model, ExitStack() as services:
+    with ScriptedChatModel(policy, scale_out=scale_out, streams=True) as model, ExitStack() as services:
         gateway = services.enter_context(
             start_gateway(
                 "long_poll_max_seconds=2",

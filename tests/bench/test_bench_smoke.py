@@ -47,6 +47,7 @@ SMOKES = {
     "opd": (sys.executable, r"\| opd \(teacher: the GRPO run's checkpoint\) \| \d\.\d{3} \| \d\.\d{3} \|"),
     "rft": (sys.executable, r"validation reward \(greedy, 4 problems\): \d\.\d{3} -> \d\.\d{3}"),
     "lora_publish": (sys.executable, r"demo +torch +[\d.]+ +[\d.]+ +[\d.]+x +0\.63 +0\.070 +9\.1x"),
+    "stream_ttfb": (sys.executable, r"the Gateway adds [+-][\d.]+ ms to the first token, [\d.]+x the whole"),
 }
 
 

