@@ -29,6 +29,7 @@ import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentlightning.schemas import Rollout
+from agentlightning.server.proxy.apis import ROUTES as AGENT_ROUTES
 
 OPEN_PATHS = frozenset({"/healthz"})
 # The dashboard's static page: no data in it; its API calls carry the key.
@@ -103,10 +104,7 @@ class TokenSigner:
 # --- what each role may do -------------------------------------------------------------------
 
 _SEG = r"([^/]+)"
-_AGENT_PROXY = re.compile(
-    rf"^/proxy/rollout/{_SEG}/attempt/{_SEG}/mode/(?:train|val)/"
-    r"(?:openai/v1/(?:chat/completions|completions|responses)|anthropic/v1/messages)$"
-)
+_AGENT_PROXY = re.compile(rf"^/proxy/rollout/{_SEG}/attempt/{_SEG}/mode/(?:train|val)/(?:{AGENT_ROUTES})$")
 _AGENT_EVENTS = re.compile(rf"^/api/rollouts/{_SEG}/attempt/{_SEG}/events$")
 _ROLLOUT = re.compile(rf"^/api/rollouts/{_SEG}$")
 _ROLLOUT_EVENTS = re.compile(rf"^/api/rollouts/{_SEG}/events$")

@@ -14,24 +14,15 @@ import re
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentlightning.log import get_logger
+from agentlightning.server.proxy.apis import BY_ROUTE, ROUTES
 from agentlightning.server.proxy.handler import handle_call
 from agentlightning.server.proxy.responses import error_answer
-from agentlightning.server.proxy.rewrite import Api
 from agentlightning.server.state import GatewayState
 from agentlightning.server.store import StoreUnavailable
 
 log = get_logger("proxy")
 _ID = r"([^/\s]{1,256})"
-HOT_PATH = re.compile(
-    rf"^/proxy/rollout/{_ID}/attempt/{_ID}/mode/([^/]+)/"
-    r"(openai/v1/chat/completions|openai/v1/completions|openai/v1/responses|anthropic/v1/messages)$"
-)
-APIS: dict[str, Api] = {
-    "openai/v1/chat/completions": "chat.completions",
-    "openai/v1/completions": "completions",
-    "openai/v1/responses": "responses",
-    "anthropic/v1/messages": "anthropic.messages",
-}
+HOT_PATH = re.compile(rf"^/proxy/rollout/{_ID}/attempt/{_ID}/mode/([^/]+)/({ROUTES})$")
 
 
 class ProxyFastPath:
@@ -58,9 +49,10 @@ class ProxyFastPath:
                     break
             return b"".join(chunks)
 
-        rollout_id, attempt_id, mode, tail = match.groups()
+        rollout_id, attempt_id, mode, route = match.groups()
+        api = BY_ROUTE[route].api
         try:
-            response = await handle_call(self.state, read_body, rollout_id, attempt_id, mode, APIS[tail])
+            response = await handle_call(self.state, read_body, rollout_id, attempt_id, mode, api)
         except StoreUnavailable as exc:  # a shared database restarting: the agent retries
             response = error_answer(
                 503, str(exc), "store_unavailable", {"Retry-After": str(StoreUnavailable.retry_after_seconds)}
@@ -68,6 +60,6 @@ class ProxyFastPath:
         except Exception as exc:
             log.exception("proxy_call_failed", rollout_id=rollout_id, path=scope["path"])
             response = error_answer(
-                500, f"internal error: {type(exc).__name__}: {exc}", "internal_error", api=APIS[tail]
+                500, f"internal error: {type(exc).__name__}: {exc}", "internal_error", api=api
             )
         await response(scope, receive, send)

@@ -16,11 +16,12 @@ from starlette.responses import Response
 
 from agentlightning.log import get_logger
 from agentlightning.server.proxy import anthropic_messages, openai_responses
+from agentlightning.server.proxy.apis import BY_API, Api
 from agentlightning.server.proxy.capture import CallRecord
 from agentlightning.server.proxy.context import LIMIT_KEYS, fit_max_tokens
 from agentlightning.server.proxy.experts import pop_routed_experts
 from agentlightning.server.proxy.responses import Answer, StreamAnswer, error_answer, paused_answer
-from agentlightning.server.proxy.rewrite import Api, pick_endpoint, rewrite, served_model, wants_usage_chunk
+from agentlightning.server.proxy.rewrite import pick_endpoint, rewrite, served_model, wants_usage_chunk
 from agentlightning.server.proxy.token_exact import chat_stream, messages_of
 from agentlightning.server.proxy.token_stream import ChatStream, TokenStreamAnswer
 from agentlightning.server.proxy.translate import ApiInputError, chat_usage, whole_stream
@@ -30,12 +31,6 @@ from agentlightning.server.triplet import model_request_triplet
 
 log = get_logger("proxy")
 MODES = ("train", "val")
-UPSTREAM_PATHS: dict[Api, str] = {
-    "chat.completions": "/chat/completions",
-    "completions": "/completions",
-    "responses": "/chat/completions",  # translated (openai_responses.py)
-    "anthropic.messages": "/chat/completions",  # translated (anthropic_messages.py)
-}
 TRANSLATIONS = {"responses": openai_responses, "anthropic.messages": anthropic_messages}
 
 
@@ -189,7 +184,7 @@ async def _call(
             record.before_save = lambda: runtime.tokens.observe(record, upstream_body, messages)
         forwarded = await runtime.upstream.forward(
             lambda: pick_endpoint(state.models.endpoints(model_name), rollout_id),
-            UPSTREAM_PATHS[api],
+            BY_API[api].upstream,
             orjson.dumps({**upstream_body, **params}),
             stream,
         )

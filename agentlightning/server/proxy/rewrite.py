@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 from agentlightning.schemas import Model
 from agentlightning.server.config import DefaultProxyConfig
-
-Api = Literal["chat.completions", "completions", "responses", "anthropic.messages"]
+from agentlightning.server.proxy.apis import Api
 
 
 def served_model(body: dict[str, Any], config: DefaultProxyConfig, registered: Callable[[str], bool]) -> str:

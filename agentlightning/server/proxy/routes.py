@@ -1,78 +1,64 @@
-"""The model proxy's routes: OpenAI calls of a rollout, and pause/resume/state for weight updates.
+"""The model proxy's routes: the agent APIs of a rollout's attempt, and pause/resume/state for
+weight updates.
 
-The two call routes are served by `ProxyFastPath` (asgi.py) in the Gateway app; they are
-declared here too, for the API schema and for apps that mount this router alone.
+The agent API routes are served by `ProxyFastPath` (asgi.py) in the Gateway app; they are
+declared here too, from the same table (apis.py), for the API schema and for apps that mount
+this router alone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request, Response
 
 from agentlightning.log import get_logger
 from agentlightning.schemas import ID_PATTERN, PauseRequest, ProxyState
+from agentlightning.server.proxy.apis import AGENT_APIS, ROOT, SERVED, AgentApi
 from agentlightning.server.proxy.handler import handle_call
 from agentlightning.server.proxy.responses import error_answer
 from agentlightning.server.state import get_state
 
 log = get_logger("proxy")
 router = APIRouter(tags=["proxy"])
-ROOT = "/proxy/rollout/{rollout_id}/attempt/{attempt_id}/mode/{mode}"
-BASE = ROOT + "/openai/v1"
-ANTHROPIC_BASE = ROOT + "/anthropic/v1"
 PathId = Annotated[str, Path(pattern=ID_PATTERN)]
 
 
-@router.post(BASE + "/chat/completions", response_class=Response)
-async def chat_completions(rollout_id: PathId, attempt_id: PathId, mode: str, request: Request) -> Response:
-    """OpenAI chat completions, streamed or not, for one attempt of a rollout."""
-    return await handle_call(
-        get_state(request), request.body, rollout_id, attempt_id, mode, "chat.completions"
+def _served(api: AgentApi) -> Callable[[str, str, str, Request], Awaitable[Response]]:
+    async def call(rollout_id: PathId, attempt_id: PathId, mode: str, request: Request) -> Response:
+        return await handle_call(get_state(request), request.body, rollout_id, attempt_id, mode, api.api)
+
+    return call
+
+
+for _api in AGENT_APIS:
+    router.add_api_route(
+        f"{ROOT}/{_api.route}",
+        _served(_api),
+        methods=["POST"],
+        response_class=Response,
+        name=_api.api.replace(".", "_"),
+        description=_api.summary,
     )
 
 
-@router.post(BASE + "/completions", response_class=Response)
-async def completions(rollout_id: PathId, attempt_id: PathId, mode: str, request: Request) -> Response:
-    """OpenAI (legacy) completions, streamed or not, for one attempt of a rollout."""
-    return await handle_call(get_state(request), request.body, rollout_id, attempt_id, mode, "completions")
+def _other_path(prefix: str, api: str) -> Callable[[str], Awaitable[Response]]:
+    async def other(rest: str) -> Response:
+        return error_answer(
+            404, f"the model proxy serves {SERVED}, not '{prefix}/{rest}'", "not_found", api=api
+        )
+
+    return other
 
 
-@router.post(BASE + "/responses", response_class=Response)
-async def responses(rollout_id: PathId, attempt_id: PathId, mode: str, request: Request) -> Response:
-    """OpenAI Responses API (stateless), streamed or not, served as a chat call and recorded as one."""
-    return await handle_call(get_state(request), request.body, rollout_id, attempt_id, mode, "responses")
-
-
-@router.post(ANTHROPIC_BASE + "/messages", response_class=Response)
-async def anthropic_messages(rollout_id: PathId, attempt_id: PathId, mode: str, request: Request) -> Response:
-    """Anthropic Messages API, streamed or not, served as a chat call and recorded as one."""
-    return await handle_call(
-        get_state(request), request.body, rollout_id, attempt_id, mode, "anthropic.messages"
-    )
-
-
-_SERVED = "POST .../openai/v1/chat/completions, .../completions, .../responses and .../anthropic/v1/messages"
-
-
-@router.api_route(
-    BASE + "/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False
-)
-async def other_paths(rest: str) -> Response:
-    return error_answer(404, f"the model proxy serves {_SERVED}, not 'openai/v1/{rest}'", "not_found")
-
-
-@router.api_route(
-    ANTHROPIC_BASE + "/{rest:path}",
-    methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
-    include_in_schema=False,
-)
-async def other_anthropic_paths(rest: str) -> Response:
-    return error_answer(
-        404,
-        f"the model proxy serves {_SERVED}, not 'anthropic/v1/{rest}'",
-        "not_found",
-        api="anthropic.messages",
+for _prefix, _other_api in (("openai/v1", "chat.completions"), ("anthropic/v1", "anthropic.messages")):
+    router.add_api_route(
+        f"{ROOT}/{_prefix}/{{rest:path}}",
+        _other_path(_prefix, _other_api),
+        methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+        include_in_schema=False,
+        name=f"other_{_prefix.split('/')[0]}_paths",
     )
 
 
