@@ -21,9 +21,10 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -67,12 +68,12 @@ def engine(smoke: bool, work: Path) -> Iterator[str]:
         server.stop()
 
 
-def stream_once(url: str, headers: dict[str, str], max_tokens: int) -> tuple[float, float, int]:
-    """Seconds to the first chunk with generated tokens, seconds to the end, chunks with tokens."""
-    body = {"model": "policy", "messages": MESSAGES, "max_tokens": max_tokens, "stream": True}
-    body["return_token_ids"] = True  # as the Gateway asks: a random model's tokens may print as nothing
-    body["ignore_eos"] = True  # vLLM's sampling extension: the whole max_tokens, whatever the model writes
-    first, chunks, seen = None, 0, []
+def timed_stream(
+    url: str, body: dict[str, object], headers: dict[str, str], counts: Callable[[dict[str, Any]], bool]
+) -> tuple[float, float, int]:
+    """POST a streamed request: seconds to the first event that `counts`, seconds to the end, and
+    how many events count."""
+    first, n, seen = None, 0, []
     started = time.perf_counter()
     with httpx.stream("POST", url, json=body, headers=headers, timeout=600, trust_env=False) as r:
         r.raise_for_status()
@@ -80,37 +81,36 @@ def stream_once(url: str, headers: dict[str, str], max_tokens: int) -> tuple[flo
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             seen.append(line)
-            choices = orjson.loads(line[6:]).get("choices") or [{}]
-            if choices[0].get("token_ids") or (choices[0].get("delta") or {}).get("content"):
-                chunks += 1
+            if counts(orjson.loads(line[6:])):
+                n += 1
                 if first is None:
                     first = time.perf_counter() - started
     if first is None:
         raise RuntimeError(f"{url}: the stream carried no tokens: {seen[:3]}")
-    return first, time.perf_counter() - started, chunks
+    return first, time.perf_counter() - started, n
+
+
+def carries_tokens(chunk: dict[str, Any]) -> bool:
+    choice = (chunk.get("choices") or [{}])[0]
+    return bool(choice.get("token_ids") or (choice.get("delta") or {}).get("content"))
+
+
+def stream_once(url: str, headers: dict[str, str], max_tokens: int) -> tuple[float, float, int]:
+    """A streamed chat call: to the first chunk with generated tokens, to the end, such chunks."""
+    body = {"model": "policy", "messages": MESSAGES, "max_tokens": max_tokens, "stream": True}
+    body["return_token_ids"] = True  # as the Gateway asks: a random model's tokens may print as nothing
+    body["ignore_eos"] = True  # vLLM's sampling extension: the whole max_tokens, whatever the model writes
+    return timed_stream(url, body, headers, carries_tokens)
 
 
 def generate_once(base: str, max_tokens: int) -> tuple[float, float, int]:
-    """The engine's token endpoints read directly, no derender: render, then generate streamed.
-    Seconds to generate's first event, seconds to its end, events."""
+    """The engine's token endpoints read directly, no derender: render, then generate streamed;
+    to generate's first event, to its end, its events."""
     body = {"model": "policy", "messages": MESSAGES, "max_tokens": max_tokens, "ignore_eos": True}
     rendered = httpx.post(f"{base}/v1/chat/completions/render", json=body, timeout=600, trust_env=False)
     rendered.raise_for_status()
     request = {**rendered.json(), "stream": True}
-    first, events = None, 0
-    started = time.perf_counter()
-    with httpx.stream(
-        "POST", f"{base}/inference/v1/generate", json=request, timeout=600, trust_env=False
-    ) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                events += 1
-                if first is None:
-                    first = time.perf_counter() - started
-    if first is None:
-        raise RuntimeError(f"{base}: generate's stream carried no event")
-    return first, time.perf_counter() - started, events
+    return timed_stream(f"{base}/inference/v1/generate", request, {}, lambda event: True)
 
 
 def main() -> None:
