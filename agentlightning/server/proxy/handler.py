@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from starlette.responses import Response
 
 from agentlightning.log import get_logger
+from agentlightning.schemas import Model
+from agentlightning.server.config import DefaultProxyConfig
 from agentlightning.server.proxy import anthropic_messages, openai_responses
 from agentlightning.server.proxy.apis import BY_API, Api
 from agentlightning.server.proxy.capture import CallRecord
@@ -22,9 +26,10 @@ from agentlightning.server.proxy.context import LIMIT_KEYS, fit_max_tokens
 from agentlightning.server.proxy.experts import pop_routed_experts
 from agentlightning.server.proxy.responses import Answer, StreamAnswer, error_answer, paused_answer
 from agentlightning.server.proxy.rewrite import pick_endpoint, rewrite, served_model, wants_usage_chunk
-from agentlightning.server.proxy.token_exact import chat_stream, messages_of
+from agentlightning.server.proxy.token_exact import ExactCall, chat_stream, messages_of
 from agentlightning.server.proxy.token_stream import ChatStream, TokenStreamAnswer
 from agentlightning.server.proxy.translate import ApiInputError, chat_usage, whole_stream
+from agentlightning.server.proxy.upstream import Forwarded
 from agentlightning.server.state import GatewayState
 from agentlightning.server.store import RolloutNotFound
 from agentlightning.server.triplet import model_request_triplet
@@ -65,6 +70,19 @@ async def handle_call(
             runtime.inflight -= 1
 
 
+@dataclass
+class ProxyRequest:
+    """An agent's call after the rewrite stage: what goes upstream, and to which endpoint."""
+
+    body: dict[str, Any]  # the agent's request, as sent
+    upstream_body: dict[str, Any]  # the chat request for a translated API; else the agent's body
+    params: dict[str, Any]  # what the proxy sets on it (rewrite.py)
+    model_name: str
+    model: Model | None
+    translation: Any  # openai_responses or anthropic_messages; None for the OpenAI APIs themselves
+    stream: bool
+
+
 async def _call(
     state: GatewayState,
     read_body: Callable[[], Awaitable[bytes]],
@@ -73,10 +91,11 @@ async def _call(
     mode: str,
     api: Api,
 ) -> Response:
+    """The stages, each once: check the rollout, parse, rewrite, dispatch (a fault, the token path
+    or the upstream), answer in the agent's API, record."""
     timestamp = time.time()
     started = time.perf_counter()
     runtime = state.proxy
-
     upstream_s: float | None = None
     record: CallRecord | None = None
     metrics = state.metrics
@@ -101,6 +120,39 @@ async def _call(
             return error_answer(404, str(RolloutNotFound(rollout_id)), "not_found", api=api)
         runtime.remember(rollout_id, forgotten)
     raw = await read_body()
+    body = _parse(raw, api)
+    if isinstance(body, Answer):
+        return body
+    request = await _rewrite(state, body, api, mode, rollout_id)
+    if isinstance(request, Answer):
+        return request
+    record = CallRecord(rollout_id, attempt_id, timestamp, api, mode, body, request.params, request.stream)
+    if request.translation is not None:
+        record.data["chat_request"] = request.upstream_body
+
+    dispatched = await _dispatch(state, request, record, raw, api, mode, started, done, rollout_gone)
+    upstream_s = time.perf_counter() - started
+    if isinstance(dispatched, Response):  # a stream: it records the call itself, before its end
+        return dispatched
+    forwarded, exact = dispatched
+
+    answer, routes = _answer(
+        request, record, forwarded, exact, api, mode, state.config.default_proxy, started
+    )
+    try:
+        if routes is None:
+            await record.save(state.store)
+        else:
+            await _save_with_routes(state, record, routes)
+    except RolloutNotFound as exc:
+        rollout_gone()
+        return error_answer(404, str(exc), "not_found", api=api)
+    answer.done = done
+    return answer
+
+
+def _parse(raw: bytes, api: Api) -> dict[str, Any] | Answer:
+    """The agent's request body, or the 400 that says why it is not one."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -112,7 +164,14 @@ async def _call(
             "invalid_request_error",
             api=api,
         )
+    return body
 
+
+async def _rewrite(
+    state: GatewayState, body: dict[str, Any], api: Api, mode: str, rollout_id: str
+) -> ProxyRequest | Answer:
+    """The request as it goes upstream: translated to chat (Responses, Messages), the proxy's
+    parameters set, its endpoint picked, `max_tokens` fitted to the served context."""
     config = state.config.default_proxy
     stream = body.get("stream") is True
     translation = TRANSLATIONS.get(api)
@@ -132,22 +191,37 @@ async def _call(
         params = rewrite(upstream_body, "chat.completions", mode, config, model_name)
     model = pick_endpoint(state.models.endpoints(model_name), rollout_id)
     if model is not None and any(key in upstream_body for key in LIMIT_KEYS):
-        fit_max_tokens(upstream_body, params, await runtime.context.of(model.endpoint, params["model"]))
-    record = CallRecord(rollout_id, attempt_id, timestamp, api, mode, body, params, stream)
-    if translation is not None:
-        record.data["chat_request"] = upstream_body
+        fit_max_tokens(upstream_body, params, await state.proxy.context.of(model.endpoint, params["model"]))
+    return ProxyRequest(body, upstream_body, params, model_name, model, translation, stream)
+
+
+async def _dispatch(
+    state: GatewayState,
+    request: ProxyRequest,
+    record: CallRecord,
+    raw: bytes,
+    api: Api,
+    mode: str,
+    started: float,
+    done: Callable[[], None],
+    rollout_gone: Callable[[], None],
+) -> Response | tuple[Forwarded, ExactCall | None]:
+    """Where the call is served: a scripted fault, the token path (a stream answered as the engine
+    generates), or the upstream itself. A stream is its own answer; else what came back."""
+    runtime, model, body = state.proxy, request.model, request.body
+    rollout_id, attempt_id = record.rollout_id, record.attempt_id
+    upstream_body, params, translation = request.upstream_body, request.params, request.translation
     exact = None
     struck = runtime.faults is not None and runtime.faults.strikes(mode, rollout_id, attempt_id, raw)
-    if config.token_exact and api != "completions" and not struck:
+    if state.config.default_proxy.token_exact and api != "completions" and not struck:
         if model is not None and runtime.tokens.serves(model.endpoint) is not False:
-            if stream:  # streamed as the engine generates (token_stream.py), in the agent's API
+            if request.stream:  # streamed as the engine generates (token_stream.py), in the agent's API
                 started_stream = await runtime.tokens.stream(
                     state.store, model, upstream_body, params, rollout_id, attempt_id
                 )
                 if isinstance(started_stream, tuple):
                     prepared, generate = started_stream
                     record.data["segment"] = prepared.segment
-                    upstream_s = time.perf_counter() - started
                     events = (
                         ChatStream(wants_usage_chunk(body))
                         if translation is None
@@ -172,35 +246,49 @@ async def _call(
                 )
     if struck:
         assert runtime.faults is not None
-        forwarded = runtime.faults.failure()
-    elif exact is not None:
+        return runtime.faults.failure(), None
+    if exact is not None:
         forwarded = exact.forwarded
         forwarded.tries = exact.tries
         record.data["segment"] = exact.segment
-    else:
-        if api != "completions":  # the attempt's earlier calls, to say where this one's prompt breaks off
-            messages = messages_of(upstream_body)
-            await runtime.tokens.recall(state.store, rollout_id, attempt_id, messages, None)
-            record.before_save = lambda: runtime.tokens.observe(record, upstream_body, messages)
-        forwarded = await runtime.upstream.forward(
-            lambda: pick_endpoint(state.models.endpoints(model_name), rollout_id),
-            BY_API[api].upstream,
-            orjson.dumps({**upstream_body, **params}),
-            stream,
-        )
-    upstream_s = time.perf_counter() - started
-    routes = None
+        return forwarded, exact
+    if api != "completions":  # the attempt's earlier calls, to say where this one's prompt breaks off
+        messages = messages_of(upstream_body)
+        await runtime.tokens.recall(state.store, rollout_id, attempt_id, messages, None)
+        record.before_save = lambda: runtime.tokens.observe(record, upstream_body, messages)
+    forwarded = await runtime.upstream.forward(
+        lambda: pick_endpoint(state.models.endpoints(request.model_name), rollout_id),
+        BY_API[api].upstream,
+        orjson.dumps({**upstream_body, **params}),
+        request.stream,
+    )
     if forwarded.stream is not None:
         events = None if translation is None else translation.Stream(body, None)
         return StreamAnswer(
             forwarded, record, state.store, started, wants_usage_chunk(body), done, rollout_gone, events
         )
+    return forwarded, None
 
+
+def _answer(
+    request: ProxyRequest,
+    record: CallRecord,
+    forwarded: Forwarded,
+    exact: ExactCall | None,
+    api: Api,
+    mode: str,
+    config: DefaultProxyConfig,
+    started: float,
+) -> tuple[Answer, object]:
+    """The agent's answer in its API, and the call's record finished; with vLLM's MoE routes
+    when it sent them on a train-mode call (kept apart: proxy/experts.py)."""
+    body, translation, stream = request.body, request.translation, request.stream
     latency_ms = (time.perf_counter() - started) * 1000
     status = forwarded.status
+    routes = None
     if forwarded.error == "no_endpoint":
         message = (
-            f"no inference server is registered for model '{model_name}': "
+            f"no inference server is registered for model '{request.model_name}': "
             "register one with POST /api/models (the trainer does this when it starts)"
         )
         answer = error_answer(503, message, "no_endpoint", api=api)
@@ -215,7 +303,7 @@ async def _call(
             tries=forwarded.tries,
             error=forwarded.error,
         )
-        log.warning("upstream_failed", rollout_id=rollout_id, status=status, error=forwarded.error)
+        log.warning("upstream_failed", rollout_id=record.rollout_id, status=status, error=forwarded.error)
     else:  # the upstream's answer, passed through as it is
         answer = Answer(forwarded.body, status, forwarded.content_type)
         response = None
@@ -265,16 +353,7 @@ async def _call(
             response=response,
             error=error,
         )
-    try:
-        if routes is None:
-            await record.save(state.store)
-        else:
-            await _save_with_routes(state, record, routes)
-    except RolloutNotFound as exc:
-        rollout_gone()
-        return error_answer(404, str(exc), "not_found", api=api)
-    answer.done = done
-    return answer
+    return answer, routes
 
 
 async def _save_with_routes(state: GatewayState, record: CallRecord, routes: object) -> None:
