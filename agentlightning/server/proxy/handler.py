@@ -1,9 +1,11 @@
-"""One proxied model call: check, rewrite, forward, record, answer.
+"""One proxied model call, in stages: check, parse, rewrite, dispatch, answer, record.
 
-An agent's base URL is `{gateway}/proxy/rollout/{id}/attempt/{aid}/mode/{train|val}/openai/v1`.
-Each call is rewritten (rewrite.py), forwarded to the rollout's inference server with
-retries (upstream.py), and recorded as one `model_request` event before the agent gets the
-answer (capture.py; for a stream, before its last event: responses.py, token_stream.py).
+An agent's base URL is `{gateway}/proxy/rollout/{id}/attempt/{aid}/mode/{train|val}/openai/v1`
+(the APIs: apis.py). Each call is rewritten (rewrite.py; Responses and Messages translated to
+chat), dispatched to the token path (token_exact.py, token_stream.py) or forwarded to the
+rollout's inference server with retries (upstream.py), answered in the agent's API, and
+recorded as one `model_request` event before the agent gets the answer (capture.py; for a
+stream, before its last event: responses.py, token_stream.py).
 """
 
 from __future__ import annotations
