@@ -96,10 +96,6 @@ POSTGRES_PASS := tests/server/test_api.py tests/server/test_batch_routes.py test
 TEST_ENVS := $(STAMP) $(V1)/.installed .venv-examples/.installed $(VERL_VENV)/.installed $(VLLM_STAMP) \
 	.venv-swe/.installed .npm-codex/.installed .npm-opencode/.installed .npm-claude/.installed
 
-# The tests that need an environment besides .venv (vLLM, the agent frameworks, the coding CLIs,
-# v1.0.2, the bench's retrieval service); everything else is the core suite.
-HEAVY_TESTS := tests/vllm tests/examples tests/compat tests/bench
-
 # The core suite runs while the other environments are still being built (most of their time is
 # downloading and unpacking); then the heavy tests beside the Postgres pass and verl's tests (in
 # verl's venv; tests/verl is skipped by the others): much of a heavy test is waiting on the
@@ -108,30 +104,26 @@ test:
 	$(MAKE) --no-print-directory -j5 $(STAMP) test-core lint typecheck $(TEST_ENVS)
 	$(MAKE) --no-print-directory -j3 test-heavy test-postgres test-verl
 
+# Tests are sorted by markers (tests/conftest.py's FOLDER_MARKERS, or on the test): `heavy` needs an
+# environment besides .venv, `process` starts whole processes; a folder `-m` leaves out is not imported.
 test-core: $(STAMP)
-	$(PYTEST) $(addprefix --ignore=,$(HEAVY_TESTS))
+	$(PYTEST) -m "not heavy"
 
 # Three workers: the tests on the session's vLLM server are one group (tests/conftest.py), the
 # vLLM tests that start their own servers and the examples' files spread over the other two.
 # The slowest tests are listed at the end: this phase is what CI's time depends on.
 test-heavy: $(TEST_ENVS)
-	$(BIN)/pytest -q -n $(or $(TEST_WORKERS),3) --dist loadgroup --durations=25 $(HEAVY_TESTS)
+	$(BIN)/pytest -q -n $(or $(TEST_WORKERS),3) --dist loadgroup --durations=25 -m heavy
 
 test-postgres: $(STAMP)
 	AGL_TEST_STORE=postgres $(PYTEST) $(POSTGRES_PASS)
 
-# The unit tests only: no heavy venv, no training run, no end-to-end run, no browser, no bench, and
-# none of the tests of whole processes (replicas on Postgres, signals, TLS, the Controller running
-# agents, the Kubernetes double, the launcher). Four workers: these tests mostly wait on the
-# Gateways they start.
-FAST_IGNORE := tests/vllm tests/verl tests/e2e tests/examples tests/dashboard tests/compat tests/bench \
-	tests/torch_backend tests/server/test_replicas.py tests/server/test_replica_failures.py \
-	tests/server/test_process.py tests/server/test_tls.py tests/controller/test_lifecycle.py \
-	tests/controller/test_local_runner.py tests/controller/test_log_retention.py \
-	tests/controller/test_k8s_runner.py tests/fakes/test_k8s_api.py tests/test_launch.py \
-	tests/test_cli_interrupts.py tests/trainer/test_integration.py
-test-fast: lint
-	$(BIN)/pytest -q -n 4 --dist loadgroup -m "not slow" $(addprefix --ignore=,$(FAST_IGNORE))
+# The unit tests only, after lint and the type check: no test marked `heavy` or `process` (no heavy
+# venv, no training or end-to-end run, no browser, no bench, no test of whole processes: replicas on
+# Postgres, signals, TLS, the Controller running agents, the Kubernetes double, the launcher). Four
+# workers: these tests mostly wait on the Gateways they start.
+test-fast: lint typecheck
+	$(BIN)/pytest -q -n 4 --dist loadgroup -m "not heavy and not process"
 
 # The full loop on CPU: Gateway, Controller and trainer as three processes (docs/demo.md).
 demo: venv

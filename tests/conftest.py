@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from _pytest.mark.expression import Expression
 from _pytest.nodeid import coerce_node_id
 
 from agentlightning.launch import Service
@@ -18,6 +19,45 @@ from tests.postgres import store_is_postgres
 
 pytest_plugins = ("tests.cpu_profile",)  # AGL_CPU_PROFILE=1: CPU-seconds per test (tests/cpu_profile.py)
 
+TESTS = Path(__file__).resolve().parent
+
+# What a test needs, marked by its folder: `heavy`, an environment besides .venv (vLLM, the examples'
+# agents, v1.0.2, the coding CLIs: `make test-heavy`); `process`, whole processes started and waited on
+# (end-to-end and training runs, a browser: left out of `make test-fast`). A test of whole processes in
+# another folder says so itself (`pytestmark = pytest.mark.process`, or on the test). tests/verl runs in
+# its own venv (tests/verl/conftest.py).
+FOLDER_MARKERS = {
+    "vllm": "heavy",
+    "examples": "heavy",
+    "compat": "heavy",
+    "bench": "heavy",
+    "verl": "heavy",  # in its own venv: `make test-verl`
+    "e2e": "process",
+    "dashboard": "process",
+    "torch_backend": "process",
+}
+
+
+def folder_marker(path: Path) -> str | None:
+    parts = path.resolve().relative_to(TESTS).parts if path.resolve().is_relative_to(TESTS) else ()
+    return FOLDER_MARKERS.get(parts[0]) if parts else None
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """A folder that `-m` leaves out whatever its tests say is not imported at all: collecting the
+    heavy folders alone is ~10 s of CPU a worker."""
+    markexpr = config.option.markexpr
+    marker = folder_marker(collection_path)
+    if not markexpr or marker is None:
+        return None
+    expression = Expression.compile(markexpr)
+    # A test may add `process` itself: the folder is left out only if neither set of marks is selected.
+    for marks in ({marker}, {marker, "process"}):
+        if expression.evaluate(marks.__contains__):
+            return None
+    return True
+
+
 # Session fixtures whose tests all run on one worker, so that each is built once: the session's
 # real vLLM server (~200 s to start), the demo's warm model (a minute of supervised warm-up).
 GROUPED_FIXTURES = {"vllm_server": "vllm", "warm_demo_model": "demo"}
@@ -25,17 +65,23 @@ GROUPED_FIXTURES = {"vllm_server": "vllm", "warm_demo_model": "demo"}
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under `pytest -n N --dist loadgroup`: the tests on one of `GROUPED_FIXTURES` all run on one
+    """Each test gets its folder's marker (`FOLDER_MARKERS`) before `-m` selects.
+
+    Under `pytest -n N --dist loadgroup`: the tests on one of `GROUPED_FIXTURES` all run on one
     worker, so that it is built once; every other test goes to whichever worker is free (the vLLM
     tests that start servers of their own run beside them)."""
     # On an xdist worker, `--dist loadgroup` is read back as `config.option.loadgroup`.
     on_loadgroup_worker = bool(os.environ.get("PYTEST_XDIST_WORKER")) and getattr(
         config.option, "loadgroup", False
     )
+    with_xdist = config.pluginmanager.hasplugin("xdist")  # its marker is unknown under `-p no:xdist`
     for item in items:
+        marker = folder_marker(item.path)
+        if marker is not None:
+            item.add_marker(marker)
         names = getattr(item, "fixturenames", ())
         group = next((g for fixture, g in GROUPED_FIXTURES.items() if fixture in names), None)
-        if group is None:
+        if group is None or not with_xdist:
             continue
         item.add_marker(pytest.mark.xdist_group(group))
         if on_loadgroup_worker and "@" not in item.nodeid:

@@ -102,7 +102,7 @@ def _started_pids(out: str) -> list[int]:
     return [int(p) for p in re.findall(r"^agl train: (?:Gateway .*?|Controller  )\(?pid (\d+)", out, re.M)]
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_init_then_train_with_nothing_else_running(tmp_path: Path) -> None:
     """The two commands of docs/own_agent.md's quick start, read from the page (the lines before
     them make the venv this suite runs in), the second with the two steps the page shows."""
@@ -129,7 +129,7 @@ def test_init_then_train_with_nothing_else_running(tmp_path: Path) -> None:
     assert "HTTP Request" not in train.stderr  # the console at the default level: no line per request
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_sigterm_stops_what_agl_train_started(tmp_path: Path) -> None:
     assert main(["init", str(tmp_path / "my_agent")]) == 0
     proc = subprocess.Popen(
@@ -173,7 +173,7 @@ def _train(folder: Path, *overrides: str, timeout: float = 600) -> subprocess.Co
 BROKEN_RUN = 'raise RuntimeError("the tool server is down")  # a bug of the agent\n        answer = solve('
 
 
-@pytest.mark.slow
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("override", "edit", "cause"),
     [
@@ -198,7 +198,7 @@ def test_a_run_whose_every_rollout_fails_stops_naming_the_cause(
     assert len(pids) == 2 and all(_gone(pid) for pid in pids)
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_no_controller_is_said_within_the_warning_time(tmp_path: Path) -> None:
     from agentlightning.launch import start_gateway
 

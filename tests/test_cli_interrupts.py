@@ -10,6 +10,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.process  # whole processes, waited on: not in `make test-fast`
+
 SCRIPT = textwrap.dedent(
     """
     import os, signal, sys

@@ -13,6 +13,8 @@ from agentlightning.launch import start_controller, start_gateway
 from agentlightning.procs import ProcessFailed
 from tests.controller.helpers import pid_alive
 
+pytestmark = pytest.mark.process  # whole processes, waited on: not in `make test-fast`
+
 
 def test_gateway_and_controller_ready_on_return_and_stopped_by_their_context(tmp_path: Path) -> None:
     with start_gateway(key="k", store_url="memory://", log_path=tmp_path / "gw.log") as gateway:

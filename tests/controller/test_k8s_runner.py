@@ -20,6 +20,8 @@ from tests.conftest import RunningGateway, start_gateway
 from tests.controller.helpers import GATEWAY_OVERRIDES, start_controller, wait_terminal, wait_until
 from tests.controller.k8s_helpers import FakeKubernetes, job_template, start_fake_kubernetes
 
+pytestmark = pytest.mark.process  # whole processes, waited on: not in `make test-fast`
+
 KEY = "k8s-key"
 K8S_SETTINGS = (
     "runner_type=k8s",

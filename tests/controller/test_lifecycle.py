@@ -28,6 +28,8 @@ from tests.controller.helpers import (
     wait_until,
 )
 
+pytestmark = pytest.mark.process  # whole processes, waited on: not in `make test-fast`
+
 KEY = "lifecycle-key"
 AGENTS = "tests.controller.agents"
 

@@ -23,7 +23,7 @@ from agentlightning.trainer.manager import RolloutManager
 from tests.conftest import RunningGateway, start_gateway
 from tests.controller.helpers import GATEWAY_OVERRIDES, local_config, start_controller, wait_terminal
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 KEY = "outcomes-key"
 FAST_RETRIES = ("proxy.max_tries=2", "proxy.backoff_seconds=0.01", "proxy.max_backoff_seconds=0.02")

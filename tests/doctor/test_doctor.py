@@ -76,7 +76,7 @@ def paths(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {p["path"]: p for p in report["paths"]}
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_a_clean_tool_loop_is_trainable(
     capsys: pytest.CaptureFixture[str], tasks: Path, model: ScriptedChatModel
 ) -> None:
@@ -90,7 +90,7 @@ def test_a_clean_tool_loop_is_trainable(
     assert ("render", True) in checked and ("stream", True) in checked and ("render", False) not in checked
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_tool_json_re_rendered_on_pass_through(capsys: pytest.CaptureFixture[str], tasks: Path) -> None:
     # The model writes compact tool-call JSON; the template re-renders it with spaces.
     with ScriptedChatModel(compact_policy, scale_out=True, streams=True) as model:
@@ -106,7 +106,7 @@ def test_tool_json_re_rendered_on_pass_through(capsys: pytest.CaptureFixture[str
     assert render and render[0]["ok"] is False
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_tool_json_re_rendered_without_token_endpoints_breaks(
     capsys: pytest.CaptureFixture[str], tasks: Path
 ) -> None:
@@ -136,7 +136,7 @@ class DriftingStream(PolicyBackend):
         return chunks
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_a_stream_whose_ids_differ(capsys: pytest.CaptureFixture[str], tasks: Path) -> None:
     with ScriptedChatModel(policy, scale_out=False, streams=True) as model:
         model.backend.__class__ = DriftingStream
@@ -150,7 +150,7 @@ def test_a_stream_whose_ids_differ(capsys: pytest.CaptureFixture[str], tasks: Pa
     )
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_a_compaction_breaks_the_rollout(
     capsys: pytest.CaptureFixture[str], tasks: Path, model: ScriptedChatModel
 ) -> None:
@@ -164,7 +164,7 @@ def test_a_compaction_breaks_the_rollout(
     assert "compaction" in finding["fix"]
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_no_reward(capsys: pytest.CaptureFixture[str], tasks: Path, model: ScriptedChatModel) -> None:
     code, report = run(capsys, tasks, model.base_url, "no_reward", "--paths", "token")
     assert (code, report["verdict"]) == (EXIT_CODES[NOT_TRAINABLE], NOT_TRAINABLE)
@@ -173,7 +173,7 @@ def test_no_reward(capsys: pytest.CaptureFixture[str], tasks: Path, model: Scrip
     ]
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_a_harness_that_crashes(
     capsys: pytest.CaptureFixture[str], tasks: Path, model: ScriptedChatModel
 ) -> None:
@@ -186,7 +186,7 @@ def test_a_harness_that_crashes(
     assert fatal["what"].startswith("every rollout failed") and "harness crashed" in fatal["what"]
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_calls_that_bypass_the_gateway(
     capsys: pytest.CaptureFixture[str], tasks: Path, model: ScriptedChatModel
 ) -> None:
@@ -259,7 +259,7 @@ def test_bad_tasks_and_flags(capsys: pytest.CaptureFixture[str], tmp_path: Path)
         assert said in capsys.readouterr().err
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_the_built_in_engine_by_default(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     # No --server: the doctor starts the built-in torch engine (the demo's tiny random model); it
     # serves no token endpoints, so one pass-through run, said so.
@@ -330,7 +330,7 @@ def test_judgement_of_a_compacted_rollout_without_processes() -> None:
     assert "call 1 of r1 at token 1" in text and "compaction" in text
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_an_agent_in_another_language_given_as_a_command(
     capsys: pytest.CaptureFixture[str], tasks: Path, model: ScriptedChatModel
 ) -> None:

@@ -64,7 +64,7 @@ def numbers(report: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in report.items() if k != "wall_seconds"}
 
 
-@pytest.mark.slow
+@pytest.mark.process
 @pytest.mark.timeout(900)  # a busy 2-core machine; alone it takes about a minute
 def test_sigkill_mid_run_then_resume_gives_the_same_report(tmp_path: Path, warm_model: Path) -> None:
     data = tmp_path / "tasks.jsonl"

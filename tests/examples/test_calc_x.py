@@ -14,7 +14,7 @@ from agentlightning.testing.example_stack import Stack, example_stack
 from agentlightning.testing.scripted_model import Policy
 from agentlightning.testing.scripted_policies import expression_for, number_in, tool_then_answer
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 ENV_MAP = {"QUESTION": "input.question", "RESULT": "input.result"}
 AGENT = "calc_agent:CalcAgent"

@@ -16,7 +16,7 @@ from agentlightning.testing.example_stack import EXAMPLES, RolloutResult, Stack,
 from agentlightning.testing.scripted_model import Policy
 from agentlightning.testing.scripted_policies import expression_for, number_in, tool_then_answer
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 
 @dataclass(frozen=True)

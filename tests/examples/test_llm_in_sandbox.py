@@ -414,7 +414,7 @@ def ran(
         yield stack, inputs, results, marker
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_rewards_per_family_right_and_wrong(
     ran: tuple[Stack, list[dict[str, Any]], list[RolloutResult], str],
 ) -> None:
@@ -426,7 +426,7 @@ def test_rewards_per_family_right_and_wrong(
     ]
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_tools_ran_in_the_sandbox_and_every_call_has_token_ids(
     ran: tuple[Stack, list[dict[str, Any]], list[RolloutResult], str],
 ) -> None:
@@ -461,7 +461,7 @@ def test_tools_ran_in_the_sandbox_and_every_call_has_token_ids(
     assert "sandbox_commands=0" in results[4].log
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_the_escape_attempt_fails_and_the_task_still_counts(
     ran: tuple[Stack, list[dict[str, Any]], list[RolloutResult], str],
 ) -> None:
@@ -476,7 +476,7 @@ def test_the_escape_attempt_fails_and_the_task_still_counts(
     assert escape.rewards == [1.0]
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_workspaces_are_removed(ran: tuple[Stack, list[dict[str, Any]], list[RolloutResult], str]) -> None:
     workspaces = [m.group(1) for r in ran[2] if (m := re.search(r"workspace=(\S+)", r.log))]
     assert len(workspaces) == len(ran[2])

@@ -185,7 +185,7 @@ def _tool_outputs(events: list[dict[str, Any]]) -> list[str]:
     return [m["content"] for m in calls[-1]["data"]["request"]["messages"] if m["role"] == "tool"]
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_jobs_run_the_agent_in_pod_mode_and_reward_right_and_wrong(ran: Ran) -> None:
     assert ran.states == ["succeeded"] * 4, ran.pod_logs[-4000:]
     rewards = [[e["data"]["value"] for e in ev if e["event_type"] == "reward"] for ev in ran.events]
@@ -205,7 +205,7 @@ def test_jobs_run_the_agent_in_pod_mode_and_reward_right_and_wrong(ran: Ran) -> 
         assert (ran.workspaces[0] / "records.log").stat().st_uid == POD_UID
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_the_models_commands_cannot_read_the_agents_secrets(ran: Ran) -> None:
     (job_env,) = [
         {e["name"]: e.get("value", "") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
@@ -227,7 +227,7 @@ def test_the_models_commands_cannot_read_the_agents_secrets(ran: Ran) -> None:
         assert secret not in leaked, secret
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_the_jobs_are_what_the_network_policy_confines(ran: Ran) -> None:
     for row, job in zip(ran.inputs, ran.jobs, strict=True):
         assert job["spec"]["backoffLimit"] == 0 and job["spec"]["activeDeadlineSeconds"] == 300

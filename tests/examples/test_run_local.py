@@ -19,7 +19,7 @@ from agentlightning.testing.example_stack import EXAMPLES, EXAMPLES_PYTHON
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
 from tests.learning import SIGNAL_HOOKS, assert_updates_with_signal
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process
 
 SCRIPT = EXAMPLES / "calc_x" / "run_local.sh"
 MARKER = "AGL_RUN_LOCAL_TEST"

@@ -23,7 +23,7 @@ from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
 from tests.examples.test_run_local import MARKER, TINY, _end, _ours
 from tests.learning import assert_updates_with_signal
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a loaded 2-core machine needs more than 300 s
+pytestmark = [pytest.mark.process, pytest.mark.timeout(900)]  # a loaded 2-core machine needs more than 300 s
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import pytest
 from agentlightning.testing.example_stack import EXAMPLES, RolloutResult, Stack, example_stack
 
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.process,
     pytest.mark.timeout(900),
     pytest.mark.usefixtures("java"),
 ]  # JVMs on a busy 2-core machine

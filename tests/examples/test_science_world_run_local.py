@@ -22,7 +22,7 @@ from tests.examples.test_run_local import MARKER, _end, _ours, _wait_gone
 from tests.learning import SIGNAL_HOOKS, assert_updates_with_signal
 
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.process,
     pytest.mark.timeout(900),
     pytest.mark.usefixtures("java"),
 ]  # JVMs on a busy 2-core machine

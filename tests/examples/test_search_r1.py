@@ -232,7 +232,7 @@ def ran(service: RetrievalService) -> Iterator[tuple[Stack, list[dict[str, Any]]
         yield stack, [right, wrong, restart], results
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_rewards_right_and_wrong(ran: tuple[Stack, list[dict[str, Any]], list[RolloutResult]]) -> None:
     _, _, (right, wrong, restart) = ran
     for result in (right, wrong, restart):
@@ -242,7 +242,7 @@ def test_rewards_right_and_wrong(ran: tuple[Stack, list[dict[str, Any]], list[Ro
     assert restart.rewards == [1.0], restart.log
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_searches_are_real_and_every_call_has_token_ids(
     ran: tuple[Stack, list[dict[str, Any]], list[RolloutResult]],
 ) -> None:
@@ -264,7 +264,7 @@ def test_searches_are_real_and_every_call_has_token_ids(
             assert call["data"]["response"]["choices"][0]["logprobs"]["content"]
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_a_bad_query_is_shown_to_the_model(
     ran: tuple[Stack, list[dict[str, Any]], list[RolloutResult]],
 ) -> None:
@@ -272,7 +272,7 @@ def test_a_bad_query_is_shown_to_the_model(
     assert "search error:" in wrong.prompt_text(1) and "query 0 is empty" in wrong.prompt_text(1)
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_the_agent_survives_a_service_restart(
     ran: tuple[Stack, list[dict[str, Any]], list[RolloutResult]], service: RetrievalService
 ) -> None:
@@ -283,7 +283,7 @@ def test_the_agent_survives_a_service_restart(
     assert len(restart.model_requests) == 3
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_rows_merge_into_one_per_rollout(
     ran: tuple[Stack, list[dict[str, Any]], list[RolloutResult]],
 ) -> None:
@@ -294,7 +294,7 @@ def test_rows_merge_into_one_per_rollout(
         assert row.n_calls == len(result.model_requests)
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_bad_requests_get_a_422_saying_why(service: RetrievalService) -> None:
     url = f"{service.url}/retrieve"
     cases = {
@@ -323,7 +323,7 @@ def test_bad_requests_get_a_422_saying_why(service: RetrievalService) -> None:
 # --- the dense option, on a tiny encoder built here (random weights: the code path, not quality) ---
 
 
-@pytest.mark.slow  # imports torch and transformers
+@pytest.mark.process  # imports torch and transformers
 def test_dense_retriever_on_a_local_encoder(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

@@ -19,7 +19,7 @@ from examples.swe import claude_agent
 from tests.examples.swe_engineer import SOLVED, SWE_PYTHON, WRONG, command, message_text, task_of
 from tests.heavy import require
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.process, pytest.mark.timeout(900)]
 BINARY = claude_agent.npm_prefix() / "node_modules" / ".bin" / "claude"
 AGENT = "examples.swe.claude_agent:ClaudeSweAgent"
 SYSTEM_MARKER = "built on Anthropic's Claude Agent SDK"  # Claude Code's own system prompt (print mode)

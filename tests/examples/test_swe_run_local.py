@@ -24,7 +24,7 @@ from tests.examples.test_run_local import MARKER, TINY, _end, _ours
 from tests.heavy import require
 from tests.learning import assert_updates_with_signal
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.process, pytest.mark.timeout(900)]
 SWE = EXAMPLES / "swe"
 SWE_PYTHON = REPO / ".venv-swe" / "bin" / "python"
 # The random model writes no tool call: each rollout is one call, then mini stops at its step limit.

@@ -18,6 +18,8 @@ from tests.controller.helpers import pid_alive, wait_until
 from tests.controller.k8s_helpers import FakeKubernetes, start_fake_kubernetes
 from tests.fakes.k8s_api import matches_fields, matches_labels
 
+pytestmark = pytest.mark.process  # whole processes, waited on: not in `make test-fast`
+
 
 @pytest.fixture(scope="module")
 def fake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeKubernetes]:

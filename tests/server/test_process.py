@@ -18,6 +18,8 @@ from agentlightning.client import AsyncGatewayClient, GatewayClient, Unauthorize
 from agentlightning.procs import ManagedProcess, free_port
 from tests.conftest import RunningGateway
 
+pytestmark = pytest.mark.process  # whole processes, waited on: not in `make test-fast`
+
 
 def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run(

@@ -17,6 +17,8 @@ from agentlightning.testing.fake_model_server import FakeModelServer
 from agentlightning.testing.replica_batch import Outcome, Replica, check_nothing_lost, run_batch
 from tests import postgres
 
+pytestmark = pytest.mark.process  # whole processes, waited on: not in `make test-fast`
+
 KEY = "failure-key"
 N_ROLLOUTS = 24
 AGENTS = 6

@@ -20,6 +20,8 @@ from tests import postgres
 from tests.conftest import RunningGateway, start_gateway
 from tests.server.test_proxy_token_exact import CHAT_TOOLS, WRITTEN, send_back_compact
 
+pytestmark = pytest.mark.process  # whole processes, waited on: not in `make test-fast`
+
 KEY = "replica-key"
 SECRET = "replica-token-secret"
 USER = [{"role": "user", "content": "hi"}]

@@ -18,6 +18,8 @@ from agentlightning.client import GatewayClient, GatewayUnavailable, RetryPolicy
 from agentlightning.launch import start_gateway
 from agentlightning.server.config import load_server_config
 
+pytestmark = pytest.mark.process  # whole processes, waited on: not in `make test-fast`
+
 
 def self_signed(directory: Path) -> tuple[Path, Path]:
     """A certificate for 127.0.0.1 (its own CA) and its key, as PEM files."""

@@ -251,7 +251,7 @@ def record(client: GatewayClient, rollout_id: str, group: str, seed: int, reward
     finish(client, rollout_id, two_turn_calls(seed), reward)
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_recorded_rollouts_are_selected_and_built_into_rl_rows(gateway: Any) -> None:
     with GatewayClient(gateway.url, gateway.key) as client:
         record(client, "runA-g1-0", "g1", 1, 1.0)
@@ -282,7 +282,7 @@ def test_recorded_rollouts_are_selected_and_built_into_rl_rows(gateway: Any) -> 
             store_rows(client, Selection(recorded_after=4e9))
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_the_command_refuses_an_empty_selection_before_training(
     gateway: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], quiet_logging: None
 ) -> None:

@@ -39,6 +39,8 @@ from agentlightning.trainer.config import load_core_config
 from agentlightning.trainer.manager import RolloutManager
 from tests.conftest import RunningGateway, start_gateway
 
+pytestmark = pytest.mark.process  # whole processes, waited on: not in `make test-fast`
+
 KEY = "integration-key"
 SYSTEM = {"role": "system", "content": "use the tools"}
 TOOLS = [

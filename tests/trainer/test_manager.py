@@ -421,7 +421,7 @@ threading.Event().wait()
 """
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_a_killed_trainers_endpoints_expire_with_their_lease(gateway):
     import signal
     import subprocess
