@@ -11,7 +11,7 @@ processes, then measures
 * the capacity figure: agents one replica and one Postgres serve at the measured CPU per call,
   for agents that make one model call every `--agent-interval` seconds;
 * with `--batch N`: the failure run — N rollouts over two replicas while one is SIGKILLed twice
-  and restarted (agentlightning/testing/replica_batch.py): lost rollouts, missing events, retries.
+  and restarted (tests/server/replica_batch.py): lost rollouts, missing events, retries.
 
     .venv/bin/python bench/replicas.py                        # all but the failure run
     .venv/bin/python bench/replicas.py --batch 300            # also the 300-rollout failure run
@@ -187,7 +187,7 @@ def store_ops_processes(url: str, processes: int, n: int, concurrency: int) -> d
 
 
 def failure_run(pg: LocalPostgres, model_url: str, n: int, tmp: Path) -> dict[str, Any]:
-    from agentlightning.testing.replica_batch import Replica, check_nothing_lost, run_batch
+    from tests.server.replica_batch import Replica, check_nothing_lost, run_batch
 
     url = pg.create_database(f"batch{time.monotonic_ns()}")
     tail = [f"key={KEY}", f"store.url={url}", "log_level=warning"]

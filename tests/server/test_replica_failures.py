@@ -13,9 +13,9 @@ import pytest
 
 from agentlightning.pgserver import LocalPostgres
 from agentlightning.procs import free_port
-from agentlightning.testing.fake_model_server import FakeModelServer
-from agentlightning.testing.replica_batch import Outcome, Replica, check_nothing_lost, run_batch
 from tests import postgres
+from tests.fakes.model_server import FakeModelServer
+from tests.server.replica_batch import Outcome, Replica, check_nothing_lost, run_batch
 
 KEY = "failure-key"
 N_ROLLOUTS = 24
