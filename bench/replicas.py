@@ -1,6 +1,6 @@
 """Benchmark the Gateway on Postgres: SQLite vs Postgres, one vs two replicas, side by side in one run.
 
-One run starts its own Postgres (agentlightning/pgserver.py: initdb in a temporary folder, fsync
+One run starts its own Postgres (tests/local_postgres.py: initdb in a temporary folder, fsync
 on, as a real deployment), the fake vLLM-shaped model server, and for each setup the Gateway
 processes, then measures
 
@@ -35,12 +35,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agentlightning import launch  # noqa: E402
-from agentlightning.pgserver import LocalPostgres  # noqa: E402
 from agentlightning.procs import free_port  # noqa: E402
 from agentlightning.schemas import Rollout, RolloutStatusPatch  # noqa: E402
 from agentlightning.server.events import make_record  # noqa: E402
 from agentlightning.server.store import store_from_url  # noqa: E402
 from bench.proxy import KEY, Gateway, cpu_seconds, prepare, run_load, start_model  # noqa: E402
+from tests.local_postgres import LocalPostgres  # noqa: E402
 
 
 def postgres_cpu(pg: LocalPostgres) -> float:

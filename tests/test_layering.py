@@ -29,7 +29,6 @@ LAYERS: dict[str, str] = {
     "procs": "base",
     "hooks": "base",
     "sandbox": "base",
-    "pgserver": "base",
     "wire": "base",
     "launch": "base",
     "openai_server": "base",

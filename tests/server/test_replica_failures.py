@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentlightning.pgserver import LocalPostgres
 from agentlightning.procs import free_port
 from tests import postgres
 from tests.fakes.model_server import FakeModelServer
+from tests.local_postgres import LocalPostgres
 from tests.server.replica_batch import Outcome, Replica, check_nothing_lost, run_batch
 
 KEY = "failure-key"
