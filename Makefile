@@ -76,7 +76,8 @@ lint: venv
 	$(BIN)/ruff check $(LINT_DIRS)
 	$(BIN)/ruff format --check $(LINT_DIRS)
 
-# pyproject's [tool.mypy]: the whole package, strict on schemas, client, trainer/ and server/.
+# pyproject's [tool.mypy]: the whole package and the test doubles tests/ and bench/ share, strict on
+# schemas, client, trainer/ and server/.
 typecheck: venv
 	$(BIN)/mypy
 

@@ -2,7 +2,7 @@
 
 A hooks file (`agentlightning.hooks: path/to/hooks.py` in the trainer config) holds exactly one
 `RolloutHooks` subclass. A file written for v1.0 works unchanged: same module, class, method
-names and signatures. The trainer core calls them (agentlightning/trainer/hooks.py):
+names and signatures. The trainer core calls them (agentlightning/trainer/hook_runner.py):
 
 * `on_startup()` once, when the trainer starts;
 * `on_enqueue(request) -> request` for every rollout before it is created (e.g. a per-sample config);

@@ -211,7 +211,7 @@ def main() -> None:
         processes.append(
             start(
                 "model",
-                [sys.executable, "-m", "agentlightning.testing.fake_model_server", "--port", str(model_port)],
+                [sys.executable, "-m", "tests.fakes.model_server", "--port", str(model_port)],
                 logs,
                 f"http://127.0.0.1:{model_port}/health",
             )

@@ -3,7 +3,7 @@
 Each harness of `bench/merge_report.py` (Calc-X on AutoGen + MCP with and without reflection,
 gsm8k on the plain `openai` client, the OpenAI Agents SDK, LangGraph) runs its real agent
 (`.venv-examples`) through `agl-doctor` — a real Gateway and Controller, the token path and
-pass-through — against the scripted Qwen2.5-template model (`agentlightning/testing/scripted_model.py`:
+pass-through — against the scripted Qwen2.5-template model (`tests/fakes/scripted_model.py`:
 real chat template and BPE tokenizer, hermes tool calls, vLLM's token endpoints, streaming),
 which calls the harness's tool once and then answers. The demo agent runs against the built-in
 torch engine (the demo's tiny random model: no token endpoints, so pass-through only).
@@ -35,14 +35,17 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from agentlightning.demo.task import make_dataset
-from agentlightning.doctor.analysis import PASS_THROUGH, TOKEN_PATH, PathReport
-from agentlightning.doctor.run import AgentSpec, DoctorSettings, run_doctor
-from agentlightning.doctor.verdict import HarnessReport, rewards_cell
-from agentlightning.testing.example_stack import EXAMPLES, EXAMPLES_PYTHON
-from agentlightning.testing.scripted_model import ScriptedChatModel
-from agentlightning.testing.scripted_policies import expression_for, number_in, tool_then_answer
-from bench.merge_report import HARNESSES, Harness, samples
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `python bench/doctor_table.py`: it imports bench/ and tests/
+
+from agentlightning.demo.task import make_dataset  # noqa: E402
+from agentlightning.doctor.analysis import PASS_THROUGH, TOKEN_PATH, PathReport  # noqa: E402
+from agentlightning.doctor.run import AgentSpec, DoctorSettings, run_doctor  # noqa: E402
+from agentlightning.doctor.verdict import HarnessReport, rewards_cell  # noqa: E402
+from bench.merge_report import HARNESSES, Harness, samples  # noqa: E402
+from tests.examples.stack import EXAMPLES, EXAMPLES_PYTHON  # noqa: E402
+from tests.fakes.scripted_model import ScriptedChatModel  # noqa: E402
+from tests.fakes.scripted_policies import expression_for, number_in, tool_then_answer  # noqa: E402
 
 Policy = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]  # the scripted model's
 
@@ -91,9 +94,9 @@ def swe_report(rollouts: int, work: Path, cli: str | None = None) -> HarnessRepo
     (read the issue, fix, run the tests, submit; one task solved, one fixed wrong) on the harness's
     own shell tool: mini-swe-agent (`.venv-swe`, its commands in bubblewrap), or a coding CLI
     (`cli`: codex, opencode or claude; its npm prefix, the whole CLI in bubblewrap)."""
-    from agentlightning.testing.example_stack import REPO
-    from agentlightning.testing.scripted_model import tool_call_text
+    from tests.examples.stack import REPO
     from tests.examples.swe_engineer import SOLVED, SWE_PYTHON, WRONG, command, preface, task_of
+    from tests.fakes.scripted_model import tool_call_text
 
     env = {"PYTHONPATH": str(REPO)}
     chosen: Policy

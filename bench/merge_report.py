@@ -3,7 +3,7 @@
 For every harness (Calc-X on AutoGen + MCP, with and without reflection; gsm8k on the plain
 `openai` client; the OpenAI Agents SDK; LangGraph), the real agent runs a few rollouts through
 a real Gateway and Controller against the scripted Qwen2.5-template model
-(`agentlightning/testing/scripted_model.py`: real chat template, real BPE tokenizer, hermes tool
+(`tests/fakes/scripted_model.py`: real chat template, real BPE tokenizer, hermes tool
 calls, as vLLM renders them). The trainer core's trajectory aggregation then turns each
 rollout into rows. Two model styles: tool-call JSON as the template writes it (`{"name": …,
 "arguments": …}` with spaces), and compact JSON (no spaces), which a model may also emit.
@@ -28,8 +28,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentlightning.testing.example_stack import EXAMPLES, EXAMPLES_PYTHON, RolloutResult, example_stack
-from agentlightning.testing.scripted_policies import expression_for, number_in, tool_then_answer
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `python bench/merge_report.py`: the stack and policies are in tests/
+
+from tests.examples.stack import EXAMPLES, EXAMPLES_PYTHON, RolloutResult, example_stack  # noqa: E402
+from tests.fakes.scripted_policies import expression_for, number_in, tool_then_answer  # noqa: E402
 
 
 @dataclass(frozen=True)

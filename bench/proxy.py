@@ -1,6 +1,6 @@
 """Benchmark the model proxy: N concurrent agents through the Gateway vs straight to the model.
 
-One run starts the fake vLLM-shaped model server (`agentlightning.testing.fake_model_server`, answering
+One run starts the fake vLLM-shaped model server (`tests.fakes.model_server`, answering
 after a fixed delay), one `agl-server` per gateway command (SQLite store: every call is
 persisted), and a load generator in its own process (`--pin`: the gateway gets CPU 0 to
 itself, the load generator and model server the others). For each scenario (calls in flight, model
@@ -189,7 +189,7 @@ def start_model(delay: float, workdir: Path, scale_out: bool = False) -> tuple[s
     argv = [
         sys.executable,
         "-m",
-        "agentlightning.testing.fake_model_server",
+        "tests.fakes.model_server",
         "--port",
         str(port),
         "--delay",

@@ -1,6 +1,6 @@
 """Benchmark the Gateway on Postgres: SQLite vs Postgres, one vs two replicas, side by side in one run.
 
-One run starts its own Postgres (agentlightning/pgserver.py: initdb in a temporary folder, fsync
+One run starts its own Postgres (tests/local_postgres.py: initdb in a temporary folder, fsync
 on, as a real deployment), the fake vLLM-shaped model server, and for each setup the Gateway
 processes, then measures
 
@@ -11,7 +11,7 @@ processes, then measures
 * the capacity figure: agents one replica and one Postgres serve at the measured CPU per call,
   for agents that make one model call every `--agent-interval` seconds;
 * with `--batch N`: the failure run — N rollouts over two replicas while one is SIGKILLed twice
-  and restarted (agentlightning/testing/replica_batch.py): lost rollouts, missing events, retries.
+  and restarted (tests/server/replica_batch.py): lost rollouts, missing events, retries.
 
     .venv/bin/python bench/replicas.py                        # all but the failure run
     .venv/bin/python bench/replicas.py --batch 300            # also the 300-rollout failure run
@@ -35,12 +35,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agentlightning import launch  # noqa: E402
-from agentlightning.pgserver import LocalPostgres  # noqa: E402
 from agentlightning.procs import free_port  # noqa: E402
 from agentlightning.schemas import Rollout, RolloutStatusPatch  # noqa: E402
 from agentlightning.server.events import make_record  # noqa: E402
 from agentlightning.server.store import store_from_url  # noqa: E402
 from bench.proxy import KEY, Gateway, cpu_seconds, prepare, run_load, start_model  # noqa: E402
+from tests.local_postgres import LocalPostgres  # noqa: E402
 
 
 def postgres_cpu(pg: LocalPostgres) -> float:
@@ -187,7 +187,7 @@ def store_ops_processes(url: str, processes: int, n: int, concurrency: int) -> d
 
 
 def failure_run(pg: LocalPostgres, model_url: str, n: int, tmp: Path) -> dict[str, Any]:
-    from agentlightning.testing.replica_batch import Replica, check_nothing_lost, run_batch
+    from tests.server.replica_batch import Replica, check_nothing_lost, run_batch
 
     url = pg.create_database(f"batch{time.monotonic_ns()}")
     tail = [f"key={KEY}", f"store.url={url}", "log_level=warning"]

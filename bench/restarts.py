@@ -104,7 +104,7 @@ def services_phase(args: argparse.Namespace, logs: Path) -> None:
         [
             sys.executable,
             "-m",
-            "agentlightning.testing.fake_model_server",
+            "tests.fakes.model_server",
             "--port",
             str(fake_port),
             "--delay",

@@ -5,7 +5,7 @@ too, as in a real run. Each round does what one training step does to the Gatewa
 rollouts, run an agent for each (`--calls` proxied chat calls whose conversation grows, a
 reward, running → succeeded), read their events as triplets in batches (the trainer
 collecting), then delete every one of them. A real `agl-server` process serves; the fake
-vLLM-shaped model server (agentlightning/testing) answers the model calls.
+vLLM-shaped model server (tests/fakes/model_server.py) answers the model calls.
 
 After each round it prints the Gateway's RSS, the database file, the WAL file (and its largest
 size seen during the round). The last lines give the growth per 1,000 deleted rollouts after
@@ -254,7 +254,7 @@ def main() -> None:
         fake_port = free_port()
         fake = ManagedProcess(
             "fake-model",
-            [sys.executable, "-m", "agentlightning.testing.fake_model_server", "--port", str(fake_port)],
+            [sys.executable, "-m", "tests.fakes.model_server", "--port", str(fake_port)],
             tmp / "fake.log",
             cwd=REPO,
         ).start()

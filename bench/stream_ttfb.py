@@ -45,7 +45,7 @@ MESSAGES = [{"role": "user", "content": "Count from one to a thousand."}]
 def engine(smoke: bool, work: Path) -> Iterator[str]:
     """The engine's base URL (…/v1 is its OpenAI root)."""
     if smoke:
-        from agentlightning.testing.fake_model_server import FakeModelServer
+        from tests.fakes.model_server import FakeModelServer
 
         fake = FakeModelServer(default_content=" ".join(["word"] * 40))
         fake.state.scale_out = True  # render / generate on tokens / derender, as vLLM's flag

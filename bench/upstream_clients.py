@@ -120,7 +120,7 @@ def main() -> None:
         argv = [
             sys.executable,
             "-m",
-            "agentlightning.testing.fake_model_server",
+            "tests.fakes.model_server",
             "--port",
             str(port),
             "--delay",

@@ -1,4 +1,4 @@
-"""One throwaway Postgres server for the whole test session (agentlightning/pgserver.py), started on
+"""One throwaway Postgres server for the whole test session (tests/local_postgres.py), started on
 first use; each test gets databases of its own.
 
 `AGL_TEST_STORE=postgres` runs the Gateways that tests start (tests/conftest.py) on it instead of
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agentlightning.pgserver import LocalPostgres, find_bin_dir
+from tests.local_postgres import LocalPostgres, find_bin_dir
 
 _server: LocalPostgres | None = None
 _names = itertools.count()

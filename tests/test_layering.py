@@ -6,7 +6,9 @@
     ←  commands (`agl` and its subcommands)
 
 Every import counts, lazy ones inside functions too: a lazy import is still a dependency (the
-Gateway would import the trainer the first time the dashboard route ran). Run it as a script
+Gateway would import the trainer the first time the dashboard route ran). Under all of them: the
+package imports nothing of the repository's tests, benchmarks or examples (the test doubles,
+tests/fakes/, are not in the wheel). Run it as a script
 on any tree to count the modules that import across layers:
 `python tests/test_layering.py path/to/repo`.
 """
@@ -27,7 +29,6 @@ LAYERS: dict[str, str] = {
     "procs": "base",
     "hooks": "base",
     "sandbox": "base",
-    "pgserver": "base",
     "wire": "base",
     "launch": "base",
     "openai_server": "base",
@@ -43,7 +44,6 @@ LAYERS: dict[str, str] = {
     "demo": "demo",
     "evaluation": "evaluation",
     "doctor": "doctor",
-    "testing": "testing",
     "cli": "commands",
     "commands": "commands",
 }
@@ -65,8 +65,6 @@ ALLOWED: dict[str, set[str]] = {
     # agl-doctor: starts the services by command line (launch), reads the store (client), makes
     # training rows of what it read (rows)
     "doctor": {"base", "client", "rows"},
-    # test doubles (fake and scripted model servers) for the tests and the benches: HTTP only
-    "testing": {"base", "client", "rows"},
     # `agl` and its own subcommands (train, init): the top, they start and call every component
     "commands": {
         "base", "client", "rows", "server", "controller", "trainer", "torch_backend", "verl", "demo", "evaluation",
@@ -111,6 +109,22 @@ def imported_modules(path: Path, module: str, runtime_only: bool = False) -> set
             out.add(name)
             out.update(f"{name}.{alias.name}" for alias in node.names)  # `from pkg import module`
     return {m for m in out if m == "agentlightning" or m.startswith("agentlightning.")}
+
+
+# Top-level folders of the repository that are not in the wheel.
+OUTSIDE_THE_PACKAGE = ("tests", "bench", "examples")
+
+
+def imports_from_outside(path: Path) -> set[str]:
+    """The modules of `OUTSIDE_THE_PACKAGE` that `path` imports (absolute imports; a relative one
+    stays inside the package)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module)
+    return {n for n in names if n.split(".")[0] in OUTSIDE_THE_PACKAGE}
 
 
 def layer_of(module: str) -> str | None:
@@ -197,6 +211,15 @@ def test_no_import_cycles() -> None:
 def test_every_module_has_a_layer() -> None:
     _, unassigned = crossings(ROOT)
     assert not unassigned, f"give these a layer in LAYERS: {unassigned}"
+
+
+def test_the_package_imports_nothing_outside_it() -> None:
+    found = {
+        str(path.relative_to(ROOT)): sorted(names)
+        for path in sorted((ROOT / "agentlightning").rglob("*.py"))
+        if (names := imports_from_outside(path))
+    }
+    assert not found, f"the package imports what the wheel does not hold: {found}"
 
 
 def test_layers_import_only_what_they_may() -> None:

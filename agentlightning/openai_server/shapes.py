@@ -1,7 +1,7 @@
 """The parts of an OpenAI-shaped answer that every model behind the server builds alike.
 
 The torch engine's backend (`torch_backend/openai_backend.py`) and the test doubles
-(`testing/fake_model_server.py`, `testing/scripted_model.py`) answer with the same error body,
+(`tests/fakes/model_server.py`, `tests/fakes/scripted_model.py`) answer with the same error body,
 the same usage block and the same server-sent-event framing; they are written here once. The
 rest of their answers is each backend's: each double copies the shape of the server it stands
 in for (vLLM streaming tool-call deltas token by token, vLLM on Qwen2.5 with

@@ -55,7 +55,7 @@ from agentlightning.schemas import (
 from agentlightning.trainer.collected import CollectedRollout
 from agentlightning.trainer.config import CoreConfig
 from agentlightning.trainer.gcpause import gc_paused
-from agentlightning.trainer.hooks import HookRunner
+from agentlightning.trainer.hook_runner import HookRunner
 from agentlightning.trainer.publish import EndpointPublisher, LeaseKeeper, update_together
 from agentlightning.wire import expand_prompt_refs
 

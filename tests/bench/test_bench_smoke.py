@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agentlightning.pgserver import find_bin_dir
 from tests.heavy import require
+from tests.local_postgres import find_bin_dir
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES_PYTHON = REPO / ".venv-examples" / "bin" / "python"

@@ -12,10 +12,10 @@ import pytest
 
 from agentlightning.client import GatewayClient
 from agentlightning.schemas import Model, RolloutState
-from agentlightning.testing.fake_model_server import FakeModelServer, Reply
 from tests.compat.conftest import KEY, V1Gateway, start_v1
 from tests.conftest import start_gateway
 from tests.controller.helpers import GATEWAY_OVERRIDES, start_controller, wait_terminal
+from tests.fakes.model_server import FakeModelServer, Reply
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from agentlightning.testing.fake_model_server import FakeModelServer
 from tests.compat.conftest import KEY, V1Gateway
 from tests.conftest import RunningGateway, start_gateway
+from tests.fakes.model_server import FakeModelServer
 
 pytestmark = pytest.mark.timeout(300)
 

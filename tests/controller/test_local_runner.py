@@ -17,7 +17,6 @@ import pytest
 from agentlightning.client import GatewayClient
 from agentlightning.procs import ManagedProcess
 from agentlightning.schemas import Model
-from agentlightning.testing.fake_model_server import FakeModelServer, Reply
 from tests.conftest import RunningGateway, start_gateway
 from tests.controller.helpers import (
     GATEWAY_OVERRIDES,
@@ -27,6 +26,7 @@ from tests.controller.helpers import (
     wait_terminal,
     wait_until,
 )
+from tests.fakes.model_server import FakeModelServer, Reply
 
 pytestmark = pytest.mark.process  # whole processes, waited on: not in `make test-fast`
 

@@ -12,7 +12,6 @@ from agentlightning.client import GatewayClient
 from agentlightning.controller.config import load_controller_config
 from agentlightning.controller.log_retention import LogRetention
 from agentlightning.schemas import Model
-from agentlightning.testing.fake_model_server import FakeModelServer
 from tests.conftest import RunningGateway, start_gateway
 from tests.controller.helpers import (
     GATEWAY_OVERRIDES,
@@ -21,6 +20,7 @@ from tests.controller.helpers import (
     wait_terminal,
     wait_until,
 )
+from tests.fakes.model_server import FakeModelServer
 
 pytestmark = pytest.mark.process  # whole processes, waited on: not in `make test-fast`
 

@@ -15,13 +15,13 @@ import pytest
 
 from agentlightning.client import GatewayClient
 from agentlightning.procs import ManagedProcess
-from agentlightning.testing.fake_model_server import FakeModelServer, Reply
 from agentlightning.trainer.batch import build_training_batch
 from agentlightning.trainer.collected import CollectedRollout
 from agentlightning.trainer.config import load_core_config
 from agentlightning.trainer.manager import RolloutManager
 from tests.conftest import RunningGateway, start_gateway
 from tests.controller.helpers import GATEWAY_OVERRIDES, local_config, start_controller, wait_terminal
+from tests.fakes.model_server import FakeModelServer, Reply
 
 pytestmark = pytest.mark.process
 

@@ -22,9 +22,9 @@ from agentlightning.aggregation import AggregationStats, aggregate_rollout
 from agentlightning.client import GatewayClient
 from agentlightning.procs import ManagedProcess
 from agentlightning.schemas import Model
-from agentlightning.testing.fake_model_server import FakeModelServer, Reply, ToolCall
 from tests.conftest import RunningGateway, start_gateway
 from tests.controller.helpers import GATEWAY_OVERRIDES, local_config, start_controller, wait_terminal
+from tests.fakes.model_server import FakeModelServer, Reply, ToolCall
 
 KEY = "dashboard-key"
 AGENT = "tests.dashboard.tool_agent.ToolAgent"

@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agentlightning.client import GatewayClient
 from agentlightning.schemas import Model, RolloutCreate
-from agentlightning.testing.fake_model_server import FakeModelServer, Reply
 from tests.conftest import RunningGateway, start_gateway
+from tests.fakes.model_server import FakeModelServer, Reply
 
 KEY = "metrics-key"
 USER = [{"role": "user", "content": "what is two plus two"}]

@@ -16,8 +16,8 @@ import pytest
 
 from agentlightning.doctor.cli import main
 from agentlightning.doctor.verdict import EXIT_BAD_INPUT, EXIT_CODES, NOT_TRAINABLE, TRAINABLE, WITH_BREAKS
-from agentlightning.testing.example_stack import EXAMPLES
-from agentlightning.testing.scripted_model import PolicyBackend, ScriptedChatModel, encode, tool_call_text
+from tests.examples.stack import EXAMPLES
+from tests.fakes.scripted_model import PolicyBackend, ScriptedChatModel, encode, tool_call_text
 from tests.heavy import require
 
 HERE = Path(__file__).resolve().parent

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from agentlightning.testing.example_stack import EXAMPLES_PYTHON
+from tests.examples.stack import EXAMPLES_PYTHON
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from agentlightning.testing.example_stack import EXAMPLES, EXAMPLES_PYTHON
+from tests.examples.stack import EXAMPLES, EXAMPLES_PYTHON
 
 
 def check_egress_only_to_gateway_and_dns(policy: dict[str, Any], role: str) -> None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentlightning.testing.example_stack import REPO
 from examples.swe.bank import make_task
 from examples.swe.task import Task
+from tests.examples.stack import REPO
 
 SWE_PYTHON = REPO / ".venv-swe" / "bin" / "python"
 SOLVED, WRONG = make_task(3, 0), make_task(4, 0)

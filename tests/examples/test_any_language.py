@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agentlightning.testing.example_stack import EXAMPLES, example_stack
-from agentlightning.testing.scripted_policies import expression_for, number_in, tool_then_answer
+from tests.examples.stack import EXAMPLES, example_stack
+from tests.fakes.scripted_policies import expression_for, number_in, tool_then_answer
 from tests.heavy import require
 
 HERE = EXAMPLES / "any_language"
@@ -60,7 +60,7 @@ def test_agl_eval_runs_the_javascript_agent_as_a_command(
 ) -> None:
     """`agl-eval` with `agent.command`: the same agent, on an endpoint (the scripted model)."""
     from agentlightning.evaluation.cli import main
-    from agentlightning.testing.scripted_model import ScriptedChatModel
+    from tests.fakes.scripted_model import ScriptedChatModel
 
     data = tmp_path / "tasks.jsonl"
     tasks = [json.loads(line) for line in (HERE / "data" / "train.jsonl").read_text().splitlines()][:2]

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from agentlightning.testing.example_stack import Stack, example_stack
-from agentlightning.testing.scripted_model import Policy
-from agentlightning.testing.scripted_policies import expression_for, number_in, tool_then_answer
+from tests.examples.stack import Stack, example_stack
+from tests.fakes.scripted_model import Policy
+from tests.fakes.scripted_policies import expression_for, number_in, tool_then_answer
 
 pytestmark = pytest.mark.process
 

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 import pytest
 
 from agentlightning.client import GatewayClient
-from agentlightning.testing.example_stack import EXAMPLES
 from tests.conftest import RunningGateway, start_gateway
 from tests.controller.helpers import wait_until
 from tests.controller.k8s_helpers import FakeKubernetes, start_fake_kubernetes, start_k8s_controller
+from tests.examples.stack import EXAMPLES
 
 TEMPLATE = (EXAMPLES / "calc_x" / "job-template.yaml").read_text()
 SAMPLE = [

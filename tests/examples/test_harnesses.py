@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from agentlightning.testing.example_stack import EXAMPLES, RolloutResult, Stack, example_stack
-from agentlightning.testing.scripted_model import Policy
-from agentlightning.testing.scripted_policies import expression_for, number_in, tool_then_answer
+from tests.examples.stack import EXAMPLES, RolloutResult, Stack, example_stack
+from tests.fakes.scripted_model import Policy
+from tests.fakes.scripted_policies import expression_for, number_in, tool_then_answer
 
 pytestmark = pytest.mark.process
 

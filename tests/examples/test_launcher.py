@@ -12,9 +12,9 @@ from types import ModuleType
 import pytest
 from omegaconf import OmegaConf
 
-from agentlightning.testing.example_stack import EXAMPLES
 from agentlightning.torch_backend.config import load_torch_backend_config
 from agentlightning.trainer.config import load_core_config, load_training_config
+from tests.examples.stack import EXAMPLES
 
 
 def _load(path: Path, name: str) -> ModuleType:

@@ -22,13 +22,13 @@ from urllib.parse import urlparse
 
 import pytest
 
-from agentlightning.testing.example_stack import (
+from tests.examples.stack import (
     EXAMPLES,
     RolloutResult,
     Stack,
     example_stack,
 )
-from agentlightning.testing.scripted_model import tool_call_text
+from tests.fakes.scripted_model import tool_call_text
 
 HERE = EXAMPLES / "llm_in_sandbox"
 AGENT = "sandbox_agent:SandboxAgent"

@@ -27,13 +27,13 @@ import yaml
 from agentlightning.aggregation import AggregationStats, aggregate_rollout
 from agentlightning.client import GatewayClient
 from agentlightning.schemas import Model
-from agentlightning.testing.example_stack import EXAMPLES, EXAMPLES_PYTHON
-from agentlightning.testing.scripted_model import ScriptedChatModel, tool_call_text
 from tests.conftest import start_gateway
 from tests.controller.helpers import wait_until
 from tests.controller.k8s_helpers import FakeKubernetes, start_fake_kubernetes, start_k8s_controller
 from tests.examples.k8s_example import check_dockerfile, check_egress_only_to_gateway_and_dns
+from tests.examples.stack import EXAMPLES, EXAMPLES_PYTHON
 from tests.examples.test_llm_in_sandbox import HERE, _code_for, _load, convert_public_rows
+from tests.fakes.scripted_model import ScriptedChatModel, tool_call_text
 
 TEMPLATE = (HERE / "job-template.yaml").read_text()
 POLICY = yaml.safe_load((HERE / "network-policy.yaml").read_text())

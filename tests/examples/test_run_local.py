@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from agentlightning.procs import free_port
-from agentlightning.testing.example_stack import EXAMPLES, EXAMPLES_PYTHON
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
+from tests.examples.stack import EXAMPLES, EXAMPLES_PYTHON
 from tests.learning import SIGNAL_HOOKS, assert_updates_with_signal
 
 pytestmark = pytest.mark.process

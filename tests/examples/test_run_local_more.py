@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from agentlightning.procs import free_port
-from agentlightning.testing.example_stack import EXAMPLES, EXAMPLES_PYTHON
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
+from tests.examples.stack import EXAMPLES, EXAMPLES_PYTHON
 from tests.examples.test_run_local import MARKER, TINY, _end, _ours
 from tests.learning import assert_updates_with_signal
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from agentlightning.testing.example_stack import EXAMPLES, RolloutResult, Stack, example_stack
+from tests.examples.stack import EXAMPLES, RolloutResult, Stack, example_stack
 
 pytestmark = [
     pytest.mark.process,

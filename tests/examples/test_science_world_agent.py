@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from agentlightning.testing.example_stack import EXAMPLES
+from tests.examples.stack import EXAMPLES
 
 sys.path.insert(0, str(EXAMPLES / "science_world"))
 

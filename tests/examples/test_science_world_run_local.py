@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from agentlightning.procs import free_port
-from agentlightning.testing.example_stack import EXAMPLES, EXAMPLES_PYTHON
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
+from tests.examples.stack import EXAMPLES, EXAMPLES_PYTHON
 from tests.examples.test_run_local import MARKER, _end, _ours, _wait_gone
 from tests.learning import SIGNAL_HOOKS, assert_updates_with_signal
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from agentlightning.procs import free_port
-from agentlightning.testing.example_stack import EXAMPLES, EXAMPLES_PYTHON, REPO
+from tests.examples.stack import EXAMPLES, EXAMPLES_PYTHON, REPO
 from tests.examples.test_run_local import MARKER, _ours
 
 CALC_X = EXAMPLES / "calc_x"

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from agentlightning.procs import ManagedProcess, free_port
-from agentlightning.testing.example_stack import (
+from tests.examples.stack import (
     EXAMPLES,
     EXAMPLES_PYTHON,
     RolloutResult,
@@ -329,7 +329,7 @@ def test_dense_retriever_on_a_local_encoder(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     from fastapi.testclient import TestClient
 
-    from agentlightning.testing.scripted_model import build_tokenizer
+    from tests.fakes.scripted_model import build_tokenizer
 
     server = _load("retrieval_server")
     model_dir = tmp_path / "tiny-encoder"

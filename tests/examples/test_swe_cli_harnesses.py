@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from agentlightning.sandbox import available
-from agentlightning.testing.example_stack import REPO, example_stack
-from agentlightning.testing.scripted_model import tool_call_text
 from examples.swe import codex_agent, opencode_agent
+from tests.examples.stack import REPO, example_stack
 from tests.examples.swe_engineer import SOLVED, SWE_PYTHON, WRONG, command, message_text, preface, task_of
+from tests.fakes.scripted_model import tool_call_text
 from tests.heavy import require
 
 pytestmark = pytest.mark.timeout(1200)  # two harness runs, seconds of work each, minutes on a loaded machine

@@ -12,12 +12,12 @@ import pytest
 import yaml
 
 from agentlightning.client import GatewayClient
-from agentlightning.testing.example_stack import EXAMPLES
 from examples.swe.bank import make_task
 from tests.conftest import RunningGateway, start_gateway
 from tests.controller.helpers import wait_until
 from tests.controller.k8s_helpers import FakeKubernetes, start_fake_kubernetes, start_k8s_controller
 from tests.examples.k8s_example import check_dockerfile, check_egress_only_to_gateway_and_dns
+from tests.examples.stack import EXAMPLES
 
 SWE = EXAMPLES / "swe"
 TEMPLATE = (SWE / "job-template.yaml").read_text()

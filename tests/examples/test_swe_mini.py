@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from agentlightning.sandbox import available
-from agentlightning.testing.example_stack import REPO, example_stack
-from agentlightning.testing.scripted_model import tool_call_text
+from tests.examples.stack import REPO, example_stack
 from tests.examples.swe_engineer import SOLVED, SWE_PYTHON, WRONG, command, preface, task_of
+from tests.fakes.scripted_model import tool_call_text
 from tests.heavy import require
 
 pytestmark = pytest.mark.timeout(1200)  # two harness runs, each ~10 s of work, minutes on a loaded machine

@@ -18,8 +18,8 @@ import pytest
 
 from agentlightning.procs import free_port
 from agentlightning.sandbox import available
-from agentlightning.testing.example_stack import EXAMPLES, REPO
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
+from tests.examples.stack import EXAMPLES, REPO
 from tests.examples.test_run_local import MARKER, TINY, _end, _ours
 from tests.heavy import require
 from tests.learning import assert_updates_with_signal

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agentlightning.testing.fake_model_server import FakeModelServer
+from tests.fakes.model_server import FakeModelServer
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ import pytest
 from agentlightning.aggregation import AggregationStats, aggregate_rollout
 from agentlightning.client import GatewayClient
 from agentlightning.schemas import Model, RolloutCreate
-from agentlightning.testing.fake_model_server import FakeModelServer, Reply, ToolCall
 from tests.conftest import RunningGateway, start_gateway
+from tests.fakes.model_server import FakeModelServer, Reply, ToolCall
 from tests.postgres import store_is_postgres
 
 KEY = "long-key"

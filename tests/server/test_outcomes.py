@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from agentlightning.server.app import create_app
 from agentlightning.server.outcomes import call_outcome
-from agentlightning.testing.fake_model_server import FakeModelServer, Reply
+from tests.fakes.model_server import FakeModelServer, Reply
 
 KEY = "admin-key"
 CONTROLLER = "controller-key"

@@ -20,7 +20,8 @@ import pytest
 
 from agentlightning.client import GatewayClient
 from agentlightning.schemas import Model, RolloutCreate
-from agentlightning.testing.fake_model_server import (
+from tests.conftest import RunningGateway, start_gateway
+from tests.fakes.model_server import (
     END,
     FakeModelServer,
     Reply,
@@ -28,7 +29,6 @@ from agentlightning.testing.fake_model_server import (
     chat_prompt_ids,
     encode,
 )
-from tests.conftest import RunningGateway, start_gateway
 
 KEY = "proxy-key"
 USER = [{"role": "user", "content": "what is two plus two"}]

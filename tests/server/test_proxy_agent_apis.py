@@ -15,8 +15,8 @@ import pytest
 
 from agentlightning.client import GatewayClient
 from agentlightning.schemas import Model, RolloutCreate
-from agentlightning.testing.fake_model_server import FakeModelServer, Reply, ToolCall, chat_prompt_ids
 from tests.conftest import RunningGateway, start_gateway
+from tests.fakes.model_server import FakeModelServer, Reply, ToolCall, chat_prompt_ids
 
 KEY = "apis-key"
 RESPONSES_TOOL = {

@@ -11,7 +11,7 @@ from agentlightning.server.proxy import routes
 from agentlightning.server.proxy.runtime import ProxyRuntime
 from agentlightning.server.state import GatewayState, ModelTable
 from agentlightning.server.store.memory import MemoryStore
-from agentlightning.testing.fake_model_server import FakeModelServer, Reply
+from tests.fakes.model_server import FakeModelServer, Reply
 
 
 async def test_router_alone_proxies_records_and_pauses() -> None:

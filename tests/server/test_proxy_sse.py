@@ -9,7 +9,7 @@ import pytest
 
 from agentlightning.server.proxy.sse import DONE, EventSplitter, StreamAssembler, event_data, parse_event
 from agentlightning.server.triplet import model_request_triplet
-from agentlightning.testing.fake_model_server import Reply, ToolCall, _answer, _Call
+from tests.fakes.model_server import Reply, ToolCall, _answer, _Call
 
 
 def fake_call(api: str, **body: Any) -> tuple[_Call, dict[str, Any]]:

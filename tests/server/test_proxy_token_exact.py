@@ -23,7 +23,8 @@ from agentlightning.openai_server.app import OpenAIServer
 from agentlightning.openai_server.backend import BadRequest, Call
 from agentlightning.schemas import Model, RolloutCreate
 from agentlightning.server.proxy.token_stream import merged
-from agentlightning.testing.fake_model_server import (
+from tests.conftest import RunningGateway, start_gateway
+from tests.fakes.model_server import (
     END,
     FakeModelServer,
     FakeState,
@@ -34,7 +35,6 @@ from agentlightning.testing.fake_model_server import (
     chat_prompt_ids,
     encode,
 )
-from tests.conftest import RunningGateway, start_gateway
 from tests.server.test_proxy import wait_for
 
 KEY = "exact-key"

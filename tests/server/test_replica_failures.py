@@ -11,11 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentlightning.pgserver import LocalPostgres
 from agentlightning.procs import free_port
-from agentlightning.testing.fake_model_server import FakeModelServer
-from agentlightning.testing.replica_batch import Outcome, Replica, check_nothing_lost, run_batch
 from tests import postgres
+from tests.fakes.model_server import FakeModelServer
+from tests.local_postgres import LocalPostgres
+from tests.server.replica_batch import Outcome, Replica, check_nothing_lost, run_batch
 
 pytestmark = pytest.mark.process  # whole processes, waited on: not in `make test-fast`
 

@@ -15,9 +15,9 @@ import pytest
 
 from agentlightning.aggregation import AggregationStats, aggregate_rollout
 from agentlightning.client import GatewayClient
-from agentlightning.testing.fake_model_server import FakeModelServer, Reply, ToolCall
 from tests import postgres
 from tests.conftest import RunningGateway, start_gateway
+from tests.fakes.model_server import FakeModelServer, Reply, ToolCall
 from tests.server.test_proxy_token_exact import CHAT_TOOLS, WRITTEN, send_back_compact
 
 pytestmark = pytest.mark.process  # whole processes, waited on: not in `make test-fast`

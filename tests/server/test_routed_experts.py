@@ -18,14 +18,14 @@ from agentlightning.schemas import Model, Rollout, RolloutCreate
 from agentlightning.server.proxy.experts import RouteIndex
 from agentlightning.server.store import MemoryStore, RolloutNotFound, Store
 from agentlightning.server.store.sqlite import SqliteStore
-from agentlightning.testing.fake_model_server import (
+from tests.conftest import RunningGateway, start_gateway
+from tests.fakes.model_server import (
     FakeModelServer,
     Reply,
     chat_prompt_ids,
     encode_routes,
     routes_for,
 )
-from tests.conftest import RunningGateway, start_gateway
 
 KEY = "r3-key"
 ON = "default_proxy.include_routed_experts=true"

@@ -21,7 +21,12 @@ import pytest
 from agentlightning.client import GatewayClient
 from agentlightning.rewards import to_float32
 from agentlightning.schemas import Rollout, RolloutState
-from agentlightning.testing.fake_model_server import (
+from agentlightning.trainer.advantage import group_advantages
+from agentlightning.trainer.batch import build_training_batch
+from agentlightning.trainer.config import load_core_config
+from agentlightning.trainer.manager import RolloutManager
+from tests.conftest import RunningGateway, start_gateway
+from tests.fakes.model_server import (
     END,
     ROLE_TOKENS,
     FakeModelServer,
@@ -33,11 +38,6 @@ from agentlightning.testing.fake_model_server import (
     token_logprob,
     tool_call_tokens,
 )
-from agentlightning.trainer.advantage import group_advantages
-from agentlightning.trainer.batch import build_training_batch
-from agentlightning.trainer.config import load_core_config
-from agentlightning.trainer.manager import RolloutManager
-from tests.conftest import RunningGateway, start_gateway
 
 pytestmark = pytest.mark.process  # whole processes, waited on: not in `make test-fast`
 

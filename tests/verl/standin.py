@@ -1,5 +1,5 @@
 """Stand-ins for verl's side of the backend: vLLM replicas as real OpenAI servers on loopback
-(`agentlightning.testing.fake_model_server`), and a worker set with `engine.VerlWorkers`' interface that records
+(`tests.fakes.model_server`), and a worker set with `engine.VerlWorkers`' interface that records
 the order of what the backend asks of it, with the Gateway's state at that moment."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from agentlightning.client import GatewayClient
-from agentlightning.testing.fake_model_server import FakeModelServer, Reply
+from tests.fakes.model_server import FakeModelServer, Reply
 
 ASLEEP = Reply(status=400, error_body={"error": {"message": "replica asleep"}}, times=10**9)
 

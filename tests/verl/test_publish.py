@@ -21,12 +21,12 @@ import openai
 
 from agentlightning.client import GatewayClient
 from agentlightning.schemas import RolloutCreate
-from agentlightning.testing.fake_model_server import Reply
 from agentlightning.trainer import RolloutManager, TrainingBatch
 from agentlightning.verl.backend import VerlBackend
 from agentlightning.verl.batch import PADDING_ROLLOUT_ID
 from agentlightning.verl.config import compose_config, validate
 from tests.conftest import RunningGateway
+from tests.fakes.model_server import Reply
 
 from .rows import make_rows
 from .standin import StandInWorkers

@@ -18,7 +18,7 @@ they would on vLLM.
         ... register model.base_url with the Gateway ...
 
 It is served by the one OpenAI server (`agentlightning.openai_server`) with the fake model
-server's scripted faults (`fake_model_server.FakeModelServer`), a `PolicyBackend` in place of
+server's scripted faults (`model_server.FakeModelServer`), a `PolicyBackend` in place of
 the fake's toy model.
 """
 
@@ -36,7 +36,7 @@ from typing import Any, Self
 
 from agentlightning.openai_server.backend import Answer, BadRequest, Call
 from agentlightning.openai_server.shapes import usage
-from agentlightning.testing.fake_model_server import FakeModelServer, token_logprob
+from tests.fakes.model_server import FakeModelServer, token_logprob
 
 # Qwen2.5-Instruct's chat template (hermes tool calling), verbatim in layout.
 QWEN25_CHAT_TEMPLATE = """{%- if tools %}

@@ -27,7 +27,8 @@ In-process, for tests::
         fake.script(Reply(content="hi"), Reply(status=503))
         ... point a client or the Gateway at fake.base_url ...
 
-As a process, for benchmarks: `python -m agentlightning.testing.fake_model_server --port 8000 --delay 0.05`.
+As a process, for benchmarks (from the repository root): `python -m tests.fakes.model_server --port 8000
+--delay 0.05`.
 A process is scripted over HTTP: `POST /fake/script` (a list of Reply objects as JSON),
 `GET /fake/requests`, `POST /fake/reset`, `POST /fake/gates/{name}/open`.
 

@@ -1,7 +1,6 @@
 """Run an example's real agent through a real Gateway and Controller against the scripted model,
-and read back what the trainer core makes of it. Used by the example tests and by
-`bench/merge_report.py`; it needs a source checkout (the repository's `examples/` and
-`.venv-examples`).
+and read back what the trainer core makes of it. Used by the example tests, the doctor's tests and
+`bench/merge_report.py`; it needs the repository's `examples/` and `.venv-examples`.
 
 The agent runs in its own interpreter (`.venv-examples/bin/python`, the frameworks without
 torch), started by a real `agl-controller` (local runner) for rollouts created on a real
@@ -23,7 +22,7 @@ from agentlightning.client import GatewayClient
 from agentlightning.launch import Service, start_controller, start_gateway
 from agentlightning.rows import TrainingRow
 from agentlightning.schemas import Model
-from agentlightning.testing.scripted_model import Policy, ScriptedChatModel, decode
+from tests.fakes.scripted_model import Policy, ScriptedChatModel, decode
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from agentlightning.testing.scripted_model import Policy, tool_call_text
+from tests.fakes.scripted_model import Policy, tool_call_text
 
 
 def _text(content: Any) -> str:

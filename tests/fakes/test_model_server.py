@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from agentlightning.procs import ManagedProcess, free_port
-from agentlightning.testing.fake_model_server import (
+from tests.fakes.model_server import (
     END,
     FakeModelServer,
     Reply,
@@ -286,7 +286,7 @@ def test_runs_as_a_process_scripted_over_http(tmp_path: Path) -> None:
     argv = [
         sys.executable,
         "-m",
-        "agentlightning.testing.fake_model_server",
+        "tests.fakes.model_server",
         "--port",
         str(port),
         "--content",

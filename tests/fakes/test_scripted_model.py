@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 
 from agentlightning.aggregation import AggregationStats, aggregate_rollout
-from agentlightning.testing.example_stack import first_merge_break
-from agentlightning.testing.fake_model_server import Reply
-from agentlightning.testing.scripted_model import (
+from tests.examples.stack import first_merge_break
+from tests.fakes.model_server import Reply
+from tests.fakes.scripted_model import (
     ScriptedChatModel,
     build_tokenizer,
     chat_response,
