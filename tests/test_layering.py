@@ -31,6 +31,7 @@ LAYERS: dict[str, str] = {
     "wire": "base",
     "launch": "base",
     "openai_server": "base",
+    "agent_events": "base",  # what agents import (httpx only): their reward post
     "tiny_model": "base",  # the built-in tiny policy: the torch backend's `demo` model
     "rows": "rows",
     "aggregation": "rows",
