@@ -37,12 +37,12 @@ from aiohttp import web
 
 from agentlightning.aggregation import AggregationLevel, AggregationStats, Call, RowLimits, aggregate_calls
 from agentlightning.demo.agent import solve
-from agentlightning.demo.model import TinyModelConfig, build_tiny
 from agentlightning.demo.task import ACTIONS, make_dataset, reward
 from agentlightning.demo.warmup import WarmupConfig, warmup
 from agentlightning.openai_server.app import build_app
 from agentlightning.procs import free_port
 from agentlightning.rows import TrainingRow
+from agentlightning.tiny_model import TinyModelConfig, build_tiny
 from agentlightning.torch_backend.engine import TorchEngine
 from agentlightning.torch_backend.openai_backend import EngineBackend
 from agentlightning.torch_backend.policy import ActorConfig, OptimConfig, PolicyUpdater

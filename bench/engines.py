@@ -35,8 +35,8 @@ from typing import Any
 import httpx
 import torch
 
-from agentlightning.demo.model import build_model, build_tokenizer, save_tiny
 from agentlightning.procs import ManagedProcess, free_port
+from agentlightning.tiny_model import build_model, build_tokenizer, save_tiny
 from agentlightning.torch_backend.engine import TorchEngine
 from agentlightning.torch_backend.vllm_server import VLLMServer, VLLMServerConfig, save_weights
 from bench.model_sizes import size as model_size

@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from agentlightning.demo.model import build_model, build_tokenizer
 from agentlightning.log import configure_logging
+from agentlightning.tiny_model import build_model, build_tokenizer
 from agentlightning.torch_backend.engine import TorchEngine
 from agentlightning.torch_backend.lora import (
     adapter_state,

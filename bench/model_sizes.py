@@ -4,7 +4,7 @@ init, an untied output head (a reload into vLLM keeps a tied one stale), heads o
 
 from __future__ import annotations
 
-from agentlightning.demo.model import TinyModelConfig
+from agentlightning.tiny_model import TinyModelConfig
 
 SIZES = {
     "demo": TinyModelConfig(

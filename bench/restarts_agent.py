@@ -6,21 +6,11 @@ from __future__ import annotations
 import os
 import time
 
-import httpx
 import openai
 
+from agentlightning.agent_events import EVENT_REWARD, post_event
 
-def post_reward(value: float) -> None:
-    headers = {"Authorization": f"Bearer {os.environ['AGL_KEY']}"}
-    body = {"event_type": "reward", "data": {"value": value}}
-    for attempt in range(30):
-        try:
-            httpx.post(os.environ["AGL_EVENT_URL"], json=body, headers=headers, timeout=30).raise_for_status()
-            return
-        except (httpx.TransportError, httpx.HTTPStatusError):
-            if attempt == 29:
-                raise
-            time.sleep(min(0.5 * 2**attempt, 4.0))
+REWARD_ATTEMPTS = 30  # 4 s apart after the first few: a Gateway restart (~seconds) fits in them
 
 
 class RestartProofAgent:
@@ -34,4 +24,4 @@ class RestartProofAgent:
             messages.append({"role": "assistant", "content": answer.choices[0].message.content or ""})
             messages.append({"role": "user", "content": "and then?"})
             time.sleep(0.2)  # tool work between calls: restarts land mid-rollout
-        post_reward(1.0)
+        post_event(EVENT_REWARD, {"value": 1.0}, attempts=REWARD_ATTEMPTS)

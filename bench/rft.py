@@ -53,8 +53,8 @@ def warm_model(folder: Path, steps: int, seed: int) -> Path:
     """The demo's warm model (agl-demo's warm-up: demo.yaml's model and warm-up settings)."""
     import torch
 
-    from agentlightning.demo.model import TinyModelConfig, build_tiny, save_tiny
     from agentlightning.demo.warmup import WarmupConfig, warmup
+    from agentlightning.tiny_model import TinyModelConfig, build_tiny, save_tiny
 
     if (folder / "config.json").is_file():
         return folder

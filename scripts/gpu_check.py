@@ -185,7 +185,7 @@ def _qwen2(shape: dict[str, Any], device: Any, dtype: Any, seed: int = 0) -> Any
 
 def _models(sizes: Sizes, device: Any, dtype: Any) -> Any:
     """(name, model, tokenizer) for the demo's model and the 0.5B shape, one at a time."""
-    from agentlightning.demo.model import build_tiny
+    from agentlightning.tiny_model import build_tiny
 
     model, tokenizer = build_tiny(seed=0)
     yield "demo", model.to(device=device, dtype=dtype).eval(), tokenizer

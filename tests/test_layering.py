@@ -1,7 +1,7 @@
 """The package's layering, read from the source: each layer imports only the layers below it.
 
-    base (schemas, log, config loader, procs, …)  ←  client  ←  rows (recorded calls to training
-    rows: aggregation, rewards)  ←  {server, controller, trainer}
+    base (schemas, log, config loader, procs, the tiny model, …)  ←  client  ←  rows (recorded calls
+    to training rows: aggregation, rewards)  ←  {server, controller, trainer}
     trainer  ←  backends (torch_backend, verl: neither imports the other)  ←  demo, evaluation
     ←  commands (`agl` and its subcommands)
 
@@ -32,6 +32,8 @@ LAYERS: dict[str, str] = {
     "wire": "base",
     "launch": "base",
     "openai_server": "base",
+    "agent_events": "base",  # what agents import (httpx only): their reward post
+    "tiny_model": "base",  # the built-in tiny policy: the torch backend's `demo` model
     "rows": "rows",
     "aggregation": "rows",
     "rewards": "rows",

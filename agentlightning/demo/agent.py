@@ -20,9 +20,9 @@ from typing import Any
 
 # Imported here, not in `run`: the controller's warm process imports this module once and
 # forks every rollout from it, so no rollout pays for importing the openai client.
-import httpx
 from openai import AsyncOpenAI
 
+from agentlightning.agent_events import apost_reward
 from agentlightning.demo.task import TOOL_NAME, TOOLS, calculator, reward
 
 MAX_TURNS = 3
@@ -109,35 +109,13 @@ class CalcAgent:
         finally:
             await client.close()
         value = reward(answer, expected)
-        bodies = []
         if os.environ.get("STEP_REWARD"):  # the per-step variant: partial credit for the right tool call
-            bodies += [
-                {
-                    "event_type": "reward",
-                    "data": {"value": STEP_CREDIT, "call_index": turn, "source": "demo-step"},
-                }
-                for turn, output in tools
-                if output == str(expected)
-            ][:1]
-        bodies.append(
-            {"event_type": "reward", "data": {"value": value, "source": "demo", "reason": answer or ""}}
-        )
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
-            for body in bodies:
-                await _post(http, body, headers)
+            for turn, output in tools:
+                if output == str(expected):
+                    await apost_reward(STEP_CREDIT, call_index=turn, source="demo-step")
+                    break
+        await apost_reward(value, source="demo", reason=answer or "")
         return value
-
-
-async def _post(http: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str]) -> None:
-    for attempt in range(5):
-        try:
-            (await http.post(os.environ["AGL_EVENT_URL"], json=body, headers=headers)).raise_for_status()
-            return
-        except httpx.HTTPError:
-            if attempt == 4:
-                raise
-            await asyncio.sleep(0.5 * 2**attempt)
 
 
 if __name__ == "__main__":

@@ -88,8 +88,8 @@ class Demo:
         import torch
         from transformers.utils import logging as hf_logging
 
-        from agentlightning.demo.model import TinyModelConfig, build_tiny, save_tiny
         from agentlightning.demo.warmup import WarmupConfig, warmup
+        from agentlightning.tiny_model import TinyModelConfig, build_tiny, save_tiny
 
         hf_logging.disable_progress_bar()
         torch.set_num_threads(int(self.cfg.torch_threads))

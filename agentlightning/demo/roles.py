@@ -17,10 +17,10 @@ import asyncio
 import os
 from typing import Any
 
-import httpx
 from openai import AsyncOpenAI
 
-from agentlightning.demo.agent import MAX_TOKENS, _post, run_tool
+from agentlightning.agent_events import apost_reward
+from agentlightning.demo.agent import MAX_TOKENS, run_tool
 from agentlightning.demo.task import TOOLS, reward
 
 PLANNER = "planner"
@@ -84,13 +84,8 @@ class TwoRoleAgent:
         finally:
             await client.close()
         rewards = role_rewards(result, answer, expected)
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
-            for policy, value in rewards.items():
-                data: dict[str, Any] = {"value": value, "source": "demo-roles"}
-                if policy is not None:
-                    data["policy"] = policy
-                await _post(http, {"event_type": "reward", "data": data}, headers)
+        for policy, value in rewards.items():
+            await apost_reward(value, source="demo-roles", **({} if policy is None else {"policy": policy}))
         return rewards
 
 

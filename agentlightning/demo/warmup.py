@@ -22,6 +22,12 @@ from typing import Any
 import torch
 
 from agentlightning.demo.task import TOOL_NAME, TOOLS, calculator, make_problem
+from agentlightning.tiny_model import bpe_json, byte_tokenizer
+
+# The recipe of the tiny model's shipped tokenizer (`tokenizer_json`).
+TOKENIZER_VOCAB_SIZE = 512
+TOKENIZER_CORPUS_SIZE = 2000
+TOKENIZER_CORPUS_SEED = 1234
 
 
 @dataclass
@@ -103,6 +109,14 @@ def corpus(tokenizer: Any, n: int, seed: int) -> list[str]:
     """
     rng = random.Random(seed)
     return [conversation_text(tokenizer, *demonstration(rng, correct_op_prob=1.0)) for _ in range(n)]
+
+
+def tokenizer_json() -> str:
+    """The tiny model's tokenizer trained afresh on these conversations (deterministic): exactly
+    `agentlightning.tiny_model.TOKENIZER_FILE`, which a test checks. After a change to the
+    conversations, write this to that file."""
+    texts = corpus(byte_tokenizer(), TOKENIZER_CORPUS_SIZE, TOKENIZER_CORPUS_SEED)
+    return bpe_json(texts, TOKENIZER_VOCAB_SIZE)
 
 
 def make_examples(

@@ -1,10 +1,10 @@
 """Model loading for the torch backend: a Hugging Face directory, or a built-in model by name.
 
-Built-in models are named in `BUILTIN_MODELS` by the import path of their builder (a function
-`(seed=...) -> (model, tokenizer)`), so a package that ships one (the demo's tiny model, the
-shipped default `model.path: demo`) is imported only when that name is asked for: the torch
-backend does not depend on it. `model.path` may also be such an import path itself
-(`package.module:function`), for a model built in code elsewhere.
+Built-in models are named in `BUILTIN_MODELS`, each with its builder (a function
+`(seed=...) -> (model, tokenizer)`): `demo`, the shipped default `model.path`, is
+`agentlightning.tiny_model`'s tiny Qwen2 (a light import: its builders import transformers when
+called). `model.path` may also be the import path of a builder (`package.module:function`), for a
+model built in code elsewhere.
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ from typing import Any
 
 import torch
 
+from agentlightning.tiny_model import build_tiny
+
 ModelBuilder = Callable[..., tuple[Any, Any]]
 """`builder(seed=...)` → (model, tokenizer), both built in code (nothing downloaded)."""
 
-BUILTIN_MODELS: dict[str, str] = {
-    "demo": "agentlightning.demo.model:build_tiny",  # the demo's tiny Qwen2, random init
+BUILTIN_MODELS: dict[str, ModelBuilder] = {
+    "demo": build_tiny,  # the tiny Qwen2 of the demo and the tests, random init
 }
 
 
@@ -35,7 +37,9 @@ def _is_import_path(name: str) -> bool:
 
 def model_builder(name: str) -> ModelBuilder:
     """The builder a built-in name or a `module:function` path refers to."""
-    module_name, _, function = BUILTIN_MODELS.get(name, name).partition(":")
+    if name in BUILTIN_MODELS:
+        return BUILTIN_MODELS[name]
+    module_name, _, function = name.partition(":")
     builder = getattr(importlib.import_module(module_name), function, None)
     if not callable(builder):
         raise ValueError(f"model {name!r}: {module_name} has no function {function!r}")

@@ -6,7 +6,7 @@ Gateway's proxy, with the `mcp-server-calculator` MCP server started over stdio.
 nothing about training; the Controller hands it its rollout through the environment:
 
     AGL_OPENAI_BASE_URL  the Gateway's OpenAI proxy for this rollout
-    AGL_EVENT_URL        where the reward goes
+    AGL_EVENT_URL        where the reward goes (agentlightning.agent_events posts it, with retries)
     AGL_KEY              the key for both
     QUESTION, RESULT     the task (env_map: QUESTION: input.question, RESULT: input.result)
 
@@ -23,12 +23,13 @@ from typing import Any
 
 # Imported at module level: the Controller's warm process imports this module once and forks
 # every rollout from it, so no rollout pays for importing AutoGen.
-import httpx
 from autogen_agentchat.agents import AssistantAgent
 from autogen_core.models import ModelInfo
 from autogen_ext.models.openai import OpenAIChatCompletionClient
 from autogen_ext.tools.mcp import McpWorkbench, StdioServerParams
 from eval_utils import scalar_are_results_same
+
+from agentlightning.agent_events import apost_reward
 
 OUTPUT_FORMAT = (
     "Output the answer when you are ready. The answer should be surrounded by three sharps (`###`), "
@@ -91,22 +92,6 @@ async def solve(question: str, base_url: str, key: str) -> str:
     return content if isinstance(content, str) else str(content)
 
 
-async def post_reward(value: float, reason: str) -> None:
-    """POST the reward to AGL_EVENT_URL, retrying transient failures."""
-    key = os.environ.get("AGL_KEY", "")
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    body = {"event_type": "reward", "data": {"value": value, "source": "calc_x", "reason": reason[:500]}}
-    async with httpx.AsyncClient(timeout=30.0, trust_env=False) as http:
-        for attempt in range(5):
-            try:
-                (await http.post(os.environ["AGL_EVENT_URL"], json=body, headers=headers)).raise_for_status()
-                return
-            except httpx.HTTPError:
-                if attempt == 4:
-                    raise
-                await asyncio.sleep(0.5 * 2**attempt)
-
-
 class CalcAgent:
     """The rollout entry point for the Controller (`agent_class: calc_agent:CalcAgent`)."""
 
@@ -119,7 +104,7 @@ class CalcAgent:
         )
         answer = extract_answer(last)
         value = 1.0 if scalar_are_results_same(answer, os.environ["RESULT"], REL_TOL) else 0.0
-        await post_reward(value, answer)
+        await apost_reward(value, source="calc_x", reason=answer[:500])
         return value
 
 

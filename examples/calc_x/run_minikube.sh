@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Calc-X with every rollout as a Kubernetes Job on minikube: starts minikube (if it is not running),
-# builds the agent image inside it (agl-calc-x:latest, from this folder's Dockerfile), then runs the
-# Gateway on this machine (reachable from pods as host.minikube.internal:8181), the Controller
-# with the k8s runner, and the training in the foreground.
+# builds the agent image inside it (agl-calc-x:latest, this folder's Dockerfile, from the repository
+# root: the agent imports agentlightning/agent_events.py), then runs the Gateway on this machine
+# (reachable from pods as host.minikube.internal:8181), the Controller with the k8s runner, and the
+# training in the foreground.
 #   examples/calc_x/run_minikube.sh --train-file data/train.parquet --val-file data/test.parquet \
 #       --model PATH [--async] [key=value ...]
 # On exit or Ctrl-C the processes this script started are stopped by their ids; minikube keeps
@@ -20,7 +21,7 @@ if ! minikube status >/dev/null 2>&1; then
   minikube start
 fi
 echo "Building $IMAGE inside minikube (the build checks that the MCP calculator starts)"
-minikube image build -t "$IMAGE" "$HERE"
+minikube image build -t "$IMAGE" -f examples/calc_x/Dockerfile "$REPO"
 
 start_on_minikube "$NAMESPACE"
 status=0

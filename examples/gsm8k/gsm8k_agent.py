@@ -15,14 +15,11 @@ import json
 import operator
 import os
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
 from openai import AsyncOpenAI
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the examples' shared agent_events
-from agent_events import post_event
+from agentlightning.agent_events import apost_reward
 
 SYSTEM = (
     "Solve the math word problem. Use the calculator for arithmetic. "
@@ -115,11 +112,6 @@ async def solve(client: AsyncOpenAI, question: str) -> str | None:
     return None
 
 
-async def post_reward(value: float, reason: str) -> None:
-    """The reward, through the examples' shared poster (retries with backoff), off the event loop."""
-    await asyncio.to_thread(post_event, "reward", {"value": value, "source": "gsm8k", "reason": reason[:500]})
-
-
 class Gsm8kAgent:
     """The rollout entry point (`agent_class: gsm8k_agent:Gsm8kAgent`)."""
 
@@ -138,7 +130,7 @@ class Gsm8kAgent:
         finally:
             await client.close()
         value = reward(reply, os.environ["ANSWER"])
-        await post_reward(value, reply or "")
+        await apost_reward(value, source="gsm8k", reason=(reply or "")[:500])
         return value
 
 

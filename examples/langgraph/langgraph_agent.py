@@ -14,16 +14,13 @@ import asyncio
 import operator
 import os
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from langgraph.prebuilt import create_react_agent
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the examples' shared agent_events
-from agent_events import post_event
+from agentlightning.agent_events import apost_reward
 
 SYSTEM = (
     "You solve arithmetic questions. Always compute with the calculate tool, then reply 'ANSWER: <number>'."
@@ -79,13 +76,6 @@ def build_graph(base_url: str, key: str) -> Any:
     return create_react_agent(model, [calculate], prompt=SYSTEM)
 
 
-async def post_reward(value: float, reason: str) -> None:
-    """The reward, through the examples' shared poster (retries with backoff), off the event loop."""
-    await asyncio.to_thread(
-        post_event, "reward", {"value": value, "source": "langgraph", "reason": reason[:500]}
-    )
-
-
 class LangGraphAgent:
     """The rollout entry point (`agent_class: langgraph_agent:LangGraphAgent`)."""
 
@@ -100,7 +90,7 @@ class LangGraphAgent:
         content = state["messages"][-1].content
         text = content if isinstance(content, str) else str(content)
         value = reward(text, os.environ["RESULT"])
-        await post_reward(value, text)
+        await apost_reward(value, source="langgraph", reason=text[:500])
         return value
 
 

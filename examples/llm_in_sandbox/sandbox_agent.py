@@ -39,10 +39,8 @@ from typing import Any
 import tasks
 from openai import BadRequestError, OpenAI
 
+from agentlightning.agent_events import post_reward
 from agentlightning.sandbox import Sandbox, SandboxResult, kill
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the examples' shared agent_events
-from agent_events import post_event
 
 log = logging.getLogger("llm_in_sandbox.agent")
 
@@ -314,7 +312,7 @@ class SandboxAgent:
             workspace,
         )
         reason = f"family={family} submitted={submitted!r}"
-        post_event("reward", {"value": value, "source": "llm_in_sandbox", "reason": reason[:500]})
+        post_reward(value, source="llm_in_sandbox", reason=reason[:500])
         return value
 
 

@@ -18,8 +18,6 @@ import asyncio
 import operator
 import os
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
 from agents import (
@@ -32,8 +30,7 @@ from agents import (
 )
 from openai import AsyncOpenAI
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the examples' shared agent_events
-from agent_events import post_event
+from agentlightning.agent_events import apost_reward
 
 INSTRUCTIONS = (
     "You solve arithmetic questions. Always compute with the calculate tool, then reply 'ANSWER: <number>'."
@@ -98,13 +95,6 @@ def build_agent() -> Agent:
     )
 
 
-async def post_reward(value: float, reason: str) -> None:
-    """The reward, through the examples' shared poster (retries with backoff), off the event loop."""
-    await asyncio.to_thread(
-        post_event, "reward", {"value": value, "source": "openai_agents", "reason": reason[:500]}
-    )
-
-
 class AgentsSdkAgent:
     """The rollout entry point (`agent_class: agents_sdk_agent:AgentsSdkAgent`)."""
 
@@ -126,7 +116,7 @@ class AgentsSdkAgent:
         finally:
             await client.close()
         value = reward(output, os.environ["RESULT"])
-        await post_reward(value, output)
+        await apost_reward(value, source="openai_agents", reason=output[:500])
         return value
 
 

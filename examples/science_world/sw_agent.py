@@ -20,17 +20,14 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from openai import OpenAI
 from sw_env import DEFAULT_JAVA_OPTIONS, ScienceWorldSession, Step
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the examples' shared agent_events
-from agent_events import post_event
+from agentlightning.agent_events import post_event, post_reward
 
 # option: (environment variable, default, minimum)
 OPTIONS = {
@@ -205,7 +202,7 @@ class ScienceWorldAgent:
         }
         post_event("episode", summary)
         reason = f"score {episode.score} after {episode.turns} turns ({episode.ended_by})"
-        post_event("reward", {"value": episode.reward, "source": "science_world", "reason": reason})
+        post_reward(episode.reward, source="science_world", reason=reason)
         return episode.reward
 
 

@@ -29,14 +29,12 @@ import re
 import string
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 from openai import BadRequestError, OpenAI
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the examples' shared agent_events
-from agent_events import post_event
+from agentlightning.agent_events import post_reward
 
 log = logging.getLogger("search_r1.agent")
 
@@ -220,7 +218,7 @@ class SearchR1Agent:
             value,
         )
         reason = f"answer={extract_answer(reply)!r} golden={golden!r}"
-        post_event("reward", {"value": value, "source": "search_r1", "reason": reason[:500]})
+        post_reward(value, source="search_r1", reason=reason[:500])
         return value
 
 

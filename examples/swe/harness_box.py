@@ -22,10 +22,10 @@ from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from agentlightning.agent_events import post_reward
 from agentlightning.sandbox import Sandbox, kill
 from examples.swe.bank import find
 from examples.swe.grader import grade
-from examples.swe.mini_agent import post_reward
 from examples.swe.relay import INNER, GatewayRelay
 from examples.swe.tasks import checkout
 from examples.swe.workspace import agent_sandbox
@@ -100,7 +100,7 @@ def run_rollout(
         print(
             json.dumps({"instance_id": task.instance_id, "reward": result.reward, "ignored": result.ignored})
         )
-        post_reward(result.reward, {"instance_id": task.instance_id, "resolved": result.resolved})
+        post_reward(result.reward, instance_id=task.instance_id, resolved=result.resolved)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -22,10 +22,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import urllib.request
 from pathlib import Path
 from typing import Any
 
+from agentlightning.agent_events import post_reward
 from examples.swe.bank import find
 from examples.swe.grader import grade
 from examples.swe.tasks import checkout
@@ -44,20 +44,6 @@ def prompt_specs(choice: str | None) -> list[str]:
     if not path.is_file():
         raise SystemExit(f"SWE_MINI_PROMPTS={choice}: no such prompts file ({path})")
     return ["mini.yaml", str(path.resolve())]
-
-
-def post_reward(value: float, extra: dict[str, Any] | None = None) -> None:
-    body = json.dumps({"event_type": "reward", "data": {"value": value, **(extra or {})}}).encode()
-    request = urllib.request.Request(
-        os.environ["AGL_EVENT_URL"],
-        data=body,
-        headers={
-            "Authorization": f"Bearer {os.environ.get('AGL_KEY', '')}",
-            "Content-Type": "application/json",
-        },
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        response.read()
 
 
 def mini_config(ws: Path, base_url: str, api_key: str, step_limit: int) -> dict[str, Any]:
@@ -124,7 +110,7 @@ class MiniSweAgent:
                     {"instance_id": task.instance_id, "reward": result.reward, "ignored": result.ignored}
                 )
             )
-            post_reward(result.reward, {"instance_id": task.instance_id, "resolved": result.resolved})
+            post_reward(result.reward, instance_id=task.instance_id, resolved=result.resolved)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 

@@ -23,7 +23,7 @@ template the torch engine serves, observations from running the commands), so wh
 from the reward is which operator each of those three functions needs.
 
 Model and tokenizer are built in code (nothing downloaded): a byte-level BPE trained on this
-family's conversations (`agentlightning.demo.model.bpe_json`) and a small Qwen2.
+family's conversations (`agentlightning.tiny_model.bpe_json`) and a small Qwen2.
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ def render(tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[list[int], l
 
 def as_text(messages: list[dict[str, Any]]) -> str:
     """A conversation as one string, the tokenizer's training text (template markers included)."""
-    from agentlightning.demo.model import byte_tokenizer
+    from agentlightning.tiny_model import byte_tokenizer
 
     ids, _ = render(byte_tokenizer(), messages)
     return byte_tokenizer().decode(ids, skip_special_tokens=False)
@@ -273,14 +273,14 @@ def build(out: Path, cfg: TinyConfig) -> dict[str, Any]:
 
     import torch
 
-    from agentlightning.demo.model import (
+    from agentlightning.demo.warmup import sft
+    from agentlightning.tiny_model import (
         TinyModelConfig,
         bpe_json,
         build_model,
         save_tiny,
         tokenizer_from_json,
     )
-    from agentlightning.demo.warmup import sft
 
     started = time.perf_counter()
     corpus = [as_text(m) for _, _, m in demonstrations(400, cfg.seed + 1, correct_prob=1.0)]

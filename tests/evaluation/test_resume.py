@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from agentlightning.client import GatewayClient
-from agentlightning.demo.model import build_tiny, save_tiny
 from agentlightning.demo.task import make_dataset
 from agentlightning.demo.warmup import WarmupConfig, warmup
 from agentlightning.procs import ManagedProcess
+from agentlightning.tiny_model import build_tiny, save_tiny
 from tests.conftest import start_gateway
 
 REPO = Path(__file__).resolve().parents[2]

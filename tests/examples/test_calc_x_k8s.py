@@ -88,7 +88,11 @@ def test_the_job_from_the_template(stack: tuple[FakeKubernetes, RunningGateway],
 def test_the_image_command_runs_the_agent_module() -> None:
     """The Job's command names the file the Dockerfile copies, and the agent class the local runner uses."""
     dockerfile = (EXAMPLES / "calc_x" / "Dockerfile").read_text()
-    assert "COPY calc_agent.py eval_utils.py check_calculator.py /app/" in dockerfile
+    assert (
+        "COPY examples/calc_x/calc_agent.py examples/calc_x/eval_utils.py examples/calc_x/check_calculator.py /app/"
+        in dockerfile
+    )
+    assert "COPY agentlightning/__init__.py agentlightning/agent_events.py /app/agentlightning/" in dockerfile
     assert "python /app/check_calculator.py" in dockerfile
     assert (
         'if __name__ == "__main__":\n    CalcAgent().run()'

@@ -1,7 +1,8 @@
 """What can be checked here of the examples' scripts and the Calc-X image without Docker or minikube:
-every script's shell syntax and shellcheck, hadolint on the Dockerfile, the image's build-time
-calculator check run in the examples' venv, the run_minikube.sh scripts' refusal without minikube,
-and what SWE's run_minikube.sh asks of minikube (a stand-in that records it)."""
+every script's shell syntax and shellcheck, hadolint on the Dockerfile and the files it copies, the
+image's build-time calculator check run in the examples' venv, the run_minikube.sh scripts' refusal
+without minikube, and what Calc-X's and SWE's run_minikube.sh ask of minikube (a stand-in that
+records it)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 import yaml
 
 from agentlightning.procs import free_port
+from tests.examples.k8s_example import check_dockerfile
 from tests.examples.stack import EXAMPLES, EXAMPLES_PYTHON, REPO
 from tests.examples.test_run_local import MARKER, _ours
 
@@ -48,9 +50,8 @@ def test_shellcheck(script: Path, examples_python: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_hadolint(examples_python: str) -> None:
-    result = subprocess.run([_tool("hadolint"), "Dockerfile"], cwd=CALC_X, capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
+def test_hadolint_and_every_file_the_image_copies_exists(examples_python: str) -> None:
+    check_dockerfile(CALC_X)
 
 
 def test_the_images_calculator_check_passes(examples_python: str) -> None:
@@ -98,6 +99,36 @@ case "$1" in
   kubectl) cat > "$RECORD/applied.json" ;;
 esac
 """
+
+
+def test_calc_x_run_minikube_builds_the_image_from_the_repository_root(tmp_path: Path) -> None:
+    """The agent imports agentlightning/agent_events.py, so its image is built from the repository
+    root with the example's Dockerfile; then the Gateway, the Controller and the training (here
+    refused at once: no such file), after which nothing it started is left."""
+    bin_dir = _path_with(tmp_path, ("dirname", "basename", "mkdir", "seq", "sleep", "tail", "cat"))
+    (bin_dir / "minikube").write_text(FAKE_MINIKUBE)
+    (bin_dir / "minikube").chmod(0o755)
+    marker = uuid.uuid4().hex
+    env = {
+        **os.environ,
+        "PATH": str(bin_dir),
+        "RUN_DIR": str(tmp_path / "run"),
+        "RECORD": str(tmp_path),
+        "AGL_PORT": str(free_port()),
+        MARKER: marker,
+    }
+    result = subprocess.run(
+        ["/bin/bash", str(CALC_X / "run_minikube.sh"), "--train-file", str(tmp_path / "missing.jsonl")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode != 0  # the training refused the missing file
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls == ["status", f"image build -t agl-calc-x:latest -f examples/calc_x/Dockerfile {REPO}"]
+    assert "k8s" in (tmp_path / "run" / "controller.log").read_text()  # the Kubernetes runner
+    assert not _ours(marker), "processes left behind"
 
 
 def test_swe_run_minikube_builds_the_image_and_lets_the_agents_reach_only_the_gateway(tmp_path: Path) -> None:

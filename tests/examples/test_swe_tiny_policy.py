@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agentlightning.demo.model import bpe_json, tokenizer_from_json
+from agentlightning.tiny_model import bpe_json, tokenizer_from_json
 from examples.swe.grader import grade
 from examples.swe.mini_agent import prompt_specs
 from examples.swe.tasks import checkout

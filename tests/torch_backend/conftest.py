@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from agentlightning.demo.model import build_model, build_tokenizer
+from agentlightning.tiny_model import build_model, build_tokenizer
 from agentlightning.torch_backend.engine import TorchEngine
 from agentlightning.torch_backend.openai_backend import InferenceServer
 

@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import json
 import random
+import tomllib
+from fnmatch import fnmatch
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agentlightning.client import GatewayClient
 from agentlightning.demo.agent import CalcAgent
-from agentlightning.demo.model import CHAT_TEMPLATE, TinyModelConfig, build_model, build_tokenizer, save_tiny
 from agentlightning.demo.task import ACTIONS, TOOLS, calculator, make_dataset, make_problem, reward
-from agentlightning.demo.warmup import WarmupConfig, demonstration, make_examples, render, warmup
+from agentlightning.demo.warmup import (
+    WarmupConfig,
+    demonstration,
+    make_examples,
+    render,
+    tokenizer_json,
+    warmup,
+)
+from agentlightning.tiny_model import CHAT_TEMPLATE, TOKENIZER_FILE, TinyModelConfig, build_model, save_tiny
 from agentlightning.torch_backend.models import load_model
 from agentlightning.torch_backend.openai_backend import InferenceServer
 from agentlightning.torch_backend.protocol import parse_tool_calls
@@ -22,12 +32,24 @@ from .tiny import QUESTION
 pytestmark = pytest.mark.timeout(600)  # a hang guard, not a speed test: machines may be busy
 
 
-def test_tokenizer_is_deterministic_lossless_and_splits_digits(tokenizer: Any) -> None:
-    from agentlightning.demo.model import _trained_tokenizer_json
+def test_the_shipped_tokenizer_is_what_training_on_the_demos_conversations_gives() -> None:
+    """Trained again (deterministic), the tokenizer is the shipped file byte for byte: a change to
+    the demo's conversations or to the recipe shows here, not as a silent drift."""
+    assert tokenizer_json() == TOKENIZER_FILE.read_text(encoding="utf-8"), (
+        "the demo's conversations no longer give the shipped tokenizer: if that is meant, write "
+        "agentlightning.demo.warmup.tokenizer_json() to agentlightning/tiny_model/tokenizer.json"
+    )
 
-    _trained_tokenizer_json.cache_clear()
-    again = build_tokenizer()
-    assert again.get_vocab() == tokenizer.get_vocab()
+
+def test_the_tokenizer_file_is_package_data() -> None:
+    """A wheel carries it: pyproject's package-data names it (only .py files go in otherwise)."""
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["agentlightning"]
+    shipped = TOKENIZER_FILE.relative_to(TOKENIZER_FILE.parents[1]).as_posix()
+    assert any(fnmatch(shipped, pattern) for pattern in patterns)
+
+
+def test_tokenizer_is_lossless_and_splits_digits(tokenizer: Any) -> None:
     for text in (
         "Ann has 7 apples.",
         "émoji 🚀 and\ttabs\n",

@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from agentlightning.config.schema import ConfigError
-from agentlightning.demo.model import build_tokenizer, byte_tokenizer
+from agentlightning.tiny_model import build_tokenizer, byte_tokenizer
 from agentlightning.torch_backend.config import load_torch_backend_config
 from agentlightning.torch_backend.distill import (
     DistillConfig,

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agentlightning.demo.model import build_model
+from agentlightning.tiny_model import build_model
 from agentlightning.torch_backend.engine import SamplingParams, TorchEngine
 from agentlightning.torch_backend.openai_backend import VERSION_HEADER, InferenceServer
 

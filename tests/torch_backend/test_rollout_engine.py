@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
+from agentlightning.tiny_model import build_tiny
 from agentlightning.torch_backend import trainer as trainer_module
 from agentlightning.torch_backend.config import load_torch_backend_config
 from agentlightning.torch_backend.models import BUILTIN_MODELS, is_builtin, model_builder
@@ -72,9 +73,10 @@ def test_the_backend_drives_any_engine_through_the_seam(
     assert engine.calls == [("start", served, None), ("publish", served, 3), ("close", None, None)]
 
 
-def test_built_in_models_are_named_by_import_path_and_loaded_on_demand() -> None:
-    assert is_builtin("demo") and is_builtin("agentlightning.demo.model:build_tiny")
+def test_built_in_models_are_named_or_given_by_import_path() -> None:
+    assert is_builtin("demo") and is_builtin("agentlightning.tiny_model:build_tiny")
     assert not is_builtin("/models/Qwen2.5-0.5B") and not is_builtin("Qwen/Qwen2.5-0.5B-Instruct")
-    assert model_builder("demo").__name__ == BUILTIN_MODELS["demo"].partition(":")[2]
+    assert model_builder("demo") is BUILTIN_MODELS["demo"] is build_tiny
+    assert model_builder("agentlightning.tiny_model:build_tiny") is build_tiny
     with pytest.raises(ValueError, match="no function"):
-        model_builder("agentlightning.demo.model:no_such_builder")
+        model_builder("agentlightning.tiny_model:no_such_builder")

@@ -13,8 +13,8 @@ import torch
 
 from agentlightning.client import GatewayClient
 from agentlightning.config.schema import ConfigError
-from agentlightning.demo.model import byte_tokenizer
 from agentlightning.evaluation.policies import export_checkpoint, parse_policy
+from agentlightning.tiny_model import byte_tokenizer
 from agentlightning.torch_backend.lora import LORA_KEY
 from agentlightning.torch_backend.models import load_model
 from agentlightning.torch_backend.sft import (

@@ -376,8 +376,8 @@ def test_distillation_trains_on_the_rows_of_a_messages_api_agent(
     token-exact rows the Gateway recorded for that API, and every step updates the student on its
     per-token signal, with no task reward (reward_coef 0). Learning with OPD is shown by
     bench/opd.py (docs/sft.md)."""
-    from agentlightning.demo.model import build_tiny, save_tiny
     from agentlightning.launch import start_torch_server
+    from agentlightning.tiny_model import build_tiny, save_tiny
 
     gateway, client = services
     train, val = make_dataset(8, seed=0, prefix="t"), make_dataset(2, seed=1, prefix="v")

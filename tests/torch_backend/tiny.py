@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from agentlightning.demo.model import TinyModelConfig, build_model
 from agentlightning.demo.task import TOOLS
+from agentlightning.tiny_model import TinyModelConfig, build_model
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 TINY = TinyModelConfig(

@@ -21,7 +21,7 @@ pytest.importorskip("verl", reason=SKIP_REASON)
 
 import torch
 
-from agentlightning.demo.model import build_tiny, save_tiny
+from agentlightning.tiny_model import build_tiny, save_tiny
 from agentlightning.torch_backend.policy import ActorConfig, PolicyUpdater
 
 from .rows import make_rows, one_minibatch

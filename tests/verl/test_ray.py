@@ -19,7 +19,7 @@ pytest.importorskip("verl", reason=SKIP_REASON)
 import ray
 from omegaconf import OmegaConf
 
-from agentlightning.demo.model import build_tiny, save_tiny
+from agentlightning.tiny_model import build_tiny, save_tiny
 from agentlightning.verl.config import compose_config, validate
 from agentlightning.verl.engine import LOSS_HOOK, VerlWorkers, ray_runtime_env, start_ray
 

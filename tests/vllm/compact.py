@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from agentlightning.demo.model import build_model, build_tokenizer
 from agentlightning.demo.task import TOOL_NAME, TOOLS
+from agentlightning.tiny_model import build_model, build_tokenizer
 from agentlightning.torch_backend.vllm_server import save_weights
 
 from .scripted import FINAL_ANSWER, MODEL, TOOL_TURNS, script_messages

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from agentlightning.demo.model import TinyModelConfig, build_model, build_tokenizer, save_tiny
 from agentlightning.demo.task import TOOLS
+from agentlightning.tiny_model import TinyModelConfig, build_model, build_tokenizer, save_tiny
 
 MODEL = TinyModelConfig(
     hidden_size=64,

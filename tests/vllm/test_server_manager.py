@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agentlightning.demo.model import TinyModelConfig, build_model, build_tokenizer
 from agentlightning.procs import ProcessFailed
+from agentlightning.tiny_model import TinyModelConfig, build_model, build_tokenizer
 from agentlightning.torch_backend.config import TorchRolloutConfig, VLLMRolloutConfig
 from agentlightning.torch_backend.vllm_engine import VLLMEngineError, check_servable, choose_engine
 from agentlightning.torch_backend.vllm_server import VLLMServerConfig, VLLMServers

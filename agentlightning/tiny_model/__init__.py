@@ -1,8 +1,11 @@
-"""The demo's tiny policy: a byte-level BPE tokenizer with a Hermes chat template, and a Qwen2.
+"""The tiny policy built in code: a byte-level BPE tokenizer with a Hermes chat template, and a Qwen2.
 
-Everything is built in code, so nothing is downloaded: the tokenizer is trained here on the
-demo's own generated conversations (short sequences make the tiny model learn fast), the model
-is a randomly initialised Qwen2 sized by `TinyModelConfig`.
+The torch backend's built-in model (`model.path: demo`), used by the demo, the tests, the benches
+and examples that train a small policy on a CPU. Nothing is downloaded: the tokenizer ships with
+the package (`tokenizer.json`, trained on the demo's own conversations: short sequences make the
+tiny model learn fast; `agentlightning.demo.warmup.tokenizer_json` trains it again, and a test
+checks that it gives this file), the model is a randomly initialised Qwen2 sized by
+`TinyModelConfig`.
 
 Re-rendering is exact: the template re-renders an assistant turn from the parsed message
 (content, and tool calls with their arguments in canonical `json.dumps` form, as the server
@@ -15,7 +18,6 @@ it was trained on; the demo measures how often it did not).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +73,7 @@ CHAT_TEMPLATE = (
 
 @dataclass
 class TinyModelConfig:
-    """Size of the demo policy (a Qwen2 decoder, random init)."""
+    """Size of the tiny policy (a Qwen2 decoder, random init)."""
 
     hidden_size: int = 64
     intermediate_size: int = 128
@@ -83,9 +85,7 @@ class TinyModelConfig:
     tie_word_embeddings: bool = True
 
 
-TOKENIZER_VOCAB_SIZE = 512
-TOKENIZER_CORPUS_SIZE = 2000
-TOKENIZER_CORPUS_SEED = 1234
+TOKENIZER_FILE = Path(__file__).with_name("tokenizer.json")
 
 
 def byte_tokenizer() -> Any:
@@ -97,17 +97,10 @@ def byte_tokenizer() -> Any:
     return _wrap(tok)
 
 
-@cache
-def _trained_tokenizer_json(vocab_size: int) -> str:
-    from agentlightning.demo.warmup import corpus
-
-    return bpe_json(corpus(byte_tokenizer(), TOKENIZER_CORPUS_SIZE, TOKENIZER_CORPUS_SEED), vocab_size)
-
-
 def bpe_json(texts: list[str], vocab_size: int) -> str:
     """A byte-level BPE trained on `texts`, with the template's markers, as tokenizer JSON (the
-    demo's recipe; other tiny policies, e.g. examples/swe/tiny_policy.py, train it on their own
-    conversations and wrap it with `tokenizer_from_json`)."""
+    recipe of `TOKENIZER_FILE`; other tiny policies, e.g. examples/swe/tiny_policy.py, train it on
+    their own conversations and wrap it with `tokenizer_from_json`)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -123,15 +116,14 @@ def bpe_json(texts: list[str], vocab_size: int) -> str:
     return tok.to_str()
 
 
-def build_tokenizer(vocab_size: int = TOKENIZER_VOCAB_SIZE) -> Any:
-    """The demo tokenizer: byte-level BPE trained here on the demo's own conversations.
+def build_tokenizer() -> Any:
+    """The tiny model's tokenizer: byte-level BPE trained on the demo's conversations (`TOKENIZER_FILE`).
 
-    Deterministic (same merges in every process). Bytes are in the vocabulary, so any text
-    encodes and decodes losslessly; digits are always single tokens. Template markers are
-    added tokens, so a BPE piece never crosses a turn boundary and rendering a conversation
-    turn by turn gives the same ids as rendering it whole.
+    Bytes are in the vocabulary, so any text encodes and decodes losslessly; digits are always
+    single tokens. Template markers are added tokens, so a BPE piece never crosses a turn
+    boundary and rendering a conversation turn by turn gives the same ids as rendering it whole.
     """
-    return tokenizer_from_json(_trained_tokenizer_json(vocab_size))
+    return tokenizer_from_json(TOKENIZER_FILE.read_text(encoding="utf-8"))
 
 
 def tokenizer_from_json(text: str) -> Any:
@@ -197,7 +189,7 @@ def build_model(config: TinyModelConfig | None = None, seed: int = 0, tokenizer:
 
 
 def build_tiny(config: TinyModelConfig | None = None, seed: int = 0) -> tuple[Any, Any]:
-    """(model, tokenizer) of the demo."""
+    """(model, tokenizer): the torch backend's built-in `demo` model."""
     tokenizer = build_tokenizer()
     return build_model(config, seed, tokenizer), tokenizer
 
