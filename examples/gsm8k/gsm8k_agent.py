@@ -17,9 +17,10 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the examples' shared agent_events
 from agent_events import post_event
@@ -28,7 +29,7 @@ SYSTEM = (
     "Solve the math word problem. Use the calculator for arithmetic. "
     "End your reply with the final answer as '#### <number>'."
 )
-TOOLS = [
+TOOLS: list[ChatCompletionToolParam] = [
     {
         "type": "function",
         "function": {
@@ -59,7 +60,11 @@ def calculator(expression: str) -> str:
     """+ - * / on numbers only (no names, no powers): safe on the model's text."""
 
     def value(node: ast.AST) -> float:
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, (int, float))
+            and not isinstance(node.value, bool)
+        ):
             return node.value
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](value(node.left), value(node.right))
@@ -93,7 +98,7 @@ def reward(reply: str | None, reference_answer: str) -> float:
 
 
 async def solve(client: AsyncOpenAI, question: str) -> str | None:
-    messages: list[dict[str, Any]] = [
+    messages: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": question},
     ]
@@ -104,8 +109,14 @@ async def solve(client: AsyncOpenAI, question: str) -> str | None:
         message = response.choices[0].message
         if not message.tool_calls:
             return message.content
-        messages.append(message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}))
+        assistant = message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"})
+        messages.append(cast(ChatCompletionMessageParam, assistant))
         for call in message.tool_calls:
+            if call.type != "function":  # only function tools are offered
+                messages.append(
+                    {"role": "tool", "tool_call_id": call.id, "content": "error: not a function tool"}
+                )
+                continue
             try:
                 args = json.loads(call.function.arguments or "{}")
                 output = calculator(str(args["expression"]))

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from openai import OpenAI
+from openai.types.chat import ChatCompletionMessageParam
 from sw_env import DEFAULT_JAVA_OPTIONS, ScienceWorldSession, Step
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the examples' shared agent_events
@@ -121,7 +122,7 @@ def play(client: OpenAI, env: ScienceWorldSession, options: Options) -> Episode:
     episode = Episode()
     start = env.reset()
     episode.score = start.score
-    messages: list[dict[str, Any]] = [
+    messages: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": SYSTEM.format(templates="\n".join(env.action_templates()))},
         {
             "role": "user",

@@ -30,10 +30,10 @@ import string
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 from openai import BadRequestError, OpenAI
+from openai.types.chat import ChatCompletionMessageParam
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the examples' shared agent_events
 from agent_events import post_event
@@ -153,7 +153,7 @@ def run_episode(
     client: OpenAI, retrieval: Retrieval, question: str, max_turns: int, max_tokens: int
 ) -> tuple[str | None, int]:
     """(the model's last reply, model calls made)."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": INSTRUCTION + question}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": INSTRUCTION + question}]
     calls = 0
     reply: str | None = None
     for turn in range(max_turns + 1):  # the extra turn is v1.0's last try without an answer
