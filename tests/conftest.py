@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _pytest.nodeid import coerce_node_id
@@ -13,6 +14,7 @@ from _pytest.nodeid import coerce_node_id
 from agentlightning.launch import Service
 from agentlightning.launch import start_gateway as start_gateway_process
 from agentlightning.procs import free_port
+from agentlightning.schemas import Rollout
 from tests import postgres
 from tests.postgres import store_is_postgres
 
@@ -43,6 +45,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # no longer reads (a node's id is `_id`): without this the group's tests went to any
             # worker, and each worker started the session's vLLM server (~200 s) again.
             item._id = coerce_node_id(f"{item.nodeid}@{group}")
+
+
+def trainer_key(rollout: Rollout, key: str) -> Any:
+    """A key the trainer writes into a rollout's metadata besides the declared ones (`run_id`,
+    `index_in_group`); KeyError when it is not there."""
+    return (rollout.metadata.model_extra or {})[key]
 
 
 @dataclass
