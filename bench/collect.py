@@ -243,7 +243,7 @@ def long_conversation(
     for t in range(calls):
         response = [rng.randrange(VOCAB) for _ in range(turn_len)]
         logprobs = [{"token": f"tok{x}", "logprob": -rng.random() * 3, "bytes": None} for x in response]
-        data = {
+        data: dict[str, Any] = {
             "api": "chat.completions",
             "mode": "train",
             "request": {

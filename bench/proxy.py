@@ -399,8 +399,8 @@ def main() -> None:
                         via_paths.append((label, gw, tag))
                 runs: dict[str, list[dict[str, Any]]] = {name: [] for name in paths}
                 for _ in range(args.repeat):  # interleaved, so that a change in machine load hits all paths
-                    for name, (urls, keys, gw) in paths.items():
-                        runs[name].append(measure(urls, keys, args, model, gw))
+                    for name, (urls, keys, through) in paths.items():
+                        runs[name].append(measure(urls, keys, args, model, through))
                 medians = {name: median_run(r) for name, r in runs.items()}
                 direct = medians["direct"]
                 cells = [str(n), f"{delay * 1000:.0f}ms", "direct", f"{direct['rps']:.0f}", "1.00"]

@@ -131,9 +131,8 @@ def main() -> int:
     if args.smoke:
         args.rounds, args.repeat, args.calls, args.attempts = 1, 1, 4, 2
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    sys.path.insert(0, str(ROOT / "bench"))
     sys.path.insert(0, str(ROOT))
-    from collect import long_conversation
+    from bench.collect import long_conversation
 
     with tempfile.TemporaryDirectory(prefix="agl-bench-record-") as tmp:
         calls_file = Path(tmp) / "long_calls.json"

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from agentlightning import launch  # noqa: E402
 from agentlightning.procs import free_port  # noqa: E402
-from agentlightning.schemas import Rollout, RolloutStatusPatch  # noqa: E402
+from agentlightning.schemas import Rollout, RolloutState, RolloutStatusPatch  # noqa: E402
 from agentlightning.server.events import make_record  # noqa: E402
 from agentlightning.server.store import store_from_url  # noqa: E402
 from bench.proxy import KEY, Gateway, cpu_seconds, prepare, run_load, start_model  # noqa: E402
@@ -147,7 +147,10 @@ async def store_ops(url: str, n: int, concurrency: int, tag: str) -> dict[str, f
         )
         await timed("get", lambda i: store.get_rollout(ids[i]))
         await timed("events", lambda i: store.list_events(ids[i]))
-        await timed("patch", lambda i: store.patch_rollout(ids[i], RolloutStatusPatch(state="running"), 1.0))
+        await timed(
+            "patch",
+            lambda i: store.patch_rollout(ids[i], RolloutStatusPatch(state=RolloutState.RUNNING), 1.0),
+        )
     finally:
         await store.close()
     return rates

@@ -238,9 +238,22 @@ def train_rollouts(client: GatewayClient) -> list[Rollout]:
     return [r for r in client.list_rollouts(limit=LIST_ALL) if r.is_train]
 
 
+def run_of(rollout: Rollout) -> str | None:
+    """The id of the trainer run that created `rollout` (the trainer's metadata key `run_id`)."""
+    run = (rollout.metadata.model_extra or {}).get("run_id")
+    return None if run is None else str(run)
+
+
+def step_of(rollout: Rollout) -> int:
+    """A train rollout's step: its `batch_idx`, which the trainer always sets."""
+    if rollout.metadata.batch_idx is None:
+        raise SystemExit(f"train rollout {rollout.rollout_id} has no batch_idx")
+    return rollout.metadata.batch_idx
+
+
 def new_run(client: GatewayClient, known: set[str]) -> str:
     """The run id (one per trainer process) that appeared since `known`; added to it."""
-    runs = {r.metadata.run_id for r in train_rollouts(client)} - known
+    runs = {run_of(r) for r in train_rollouts(client)} - known
     if len(runs) != 1:
         raise SystemExit(f"expected one new trainer run on the Gateway, found {sorted(map(str, runs))}")
     run = str(runs.pop())
@@ -253,14 +266,15 @@ def data_by_step(rollouts: list[Rollout], run: str) -> dict[int, list[str]]:
     out: dict[int, dict[int, str]] = {}
     for r in rollouts:
         meta = r.metadata
-        if meta.run_id == run and meta.index_in_group == 0:
-            out.setdefault(int(meta.batch_idx), {})[int(meta.sample_idx_in_batch)] = r.input["id"]
+        if run_of(r) == run and (meta.model_extra or {}).get("index_in_group") == 0:
+            assert meta.sample_idx_in_batch is not None  # the trainer sets it with batch_idx
+            out.setdefault(step_of(r), {})[meta.sample_idx_in_batch] = r.input["id"]
     return {step: [ids[i] for i in sorted(ids)] for step, ids in sorted(out.items())}
 
 
 def states_of(rollouts: list[Rollout], run: str, step: int) -> Counter[str]:
     return Counter(
-        r.status.state.value for r in rollouts if r.metadata.run_id == run and r.metadata.batch_idx == step
+        r.status.state.value for r in rollouts if run_of(r) == run and r.metadata.batch_idx == step
     )
 
 
@@ -345,16 +359,16 @@ def trainer_phase(args: argparse.Namespace, logs: Path) -> None:
                     raise SystemExit(f"trainer #1 exited before its kill:\n{first.log_tail()}")
                 if time.monotonic() > deadline:
                     raise SystemExit(f"step {k_rollouts}'s rollouts never ran:\n{first.log_tail()}")
-                mine = [r for r in train_rollouts(client) if r.metadata.run_id not in known]
+                mine = [r for r in train_rollouts(client) if run_of(r) not in known]
                 if any(
-                    r.metadata.batch_idx > k_rollouts
-                    or (r.metadata.batch_idx == k_rollouts and r.status.state == RolloutState.RUNNING)
+                    step_of(r) > k_rollouts
+                    or (step_of(r) == k_rollouts and r.status.state == RolloutState.RUNNING)
                     for r in mine
                 ):
                     break
                 time.sleep(0.1)
             first.kill()
-            kill_step = max(r.metadata.batch_idx for r in mine)
+            kill_step = max(step_of(r) for r in mine)
             newest = [max(list_checkpoints(checkpoints), default=0)]
             runs = [new_run(client, known)]
             print(
@@ -422,10 +436,10 @@ def trainer_phase(args: argparse.Namespace, logs: Path) -> None:
             print()
             cut = [kill_step, *(step for _, step, _ in deaths)]
             for n, step in enumerate(cut):
-                theirs = states_of(rollouts, runs[n], step)
+                states = states_of(rollouts, runs[n], step)
                 redo = "the same" if by_trainer[n].get(step) == by_trainer[n + 1].get(step) else "OTHER"
                 print(
-                    f"  trainer #{n + 1}'s step-{step} rollouts: {says(theirs)}"
+                    f"  trainer #{n + 1}'s step-{step} rollouts: {says(states)}"
                     f"{' (made before its kill, collected by no trainer)' if n == 0 else ', collected before it died'}"
                     f"; trainer #{n + 2} redid step {step} with {redo} problems"
                 )

@@ -95,9 +95,10 @@ def main() -> None:
                     except httpx.TransportError:
                         pass
                     if server.poll() is not None or time.monotonic() > deadline:
+                        assert server.stderr is not None  # stderr=PIPE
                         raise SystemExit(
                             f"the service did not start: {server.stderr.read().decode()[-2000:]}"
-                        )  # type: ignore[union-attr]
+                        )
                     time.sleep(0.1)
                 over_http = []
                 hits = 0

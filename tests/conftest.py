@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _pytest.mark.expression import Expression
@@ -14,6 +15,7 @@ from _pytest.nodeid import coerce_node_id
 from agentlightning.launch import Service
 from agentlightning.launch import start_gateway as start_gateway_process
 from agentlightning.procs import free_port
+from agentlightning.schemas import Rollout
 from tests import postgres
 from tests.postgres import store_is_postgres
 
@@ -51,11 +53,15 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     if not markexpr or marker is None:
         return None
     expression = Expression.compile(markexpr)
+
+    def selects(marks: set[str]) -> bool:
+        def has(name: str, /, **_: str | int | bool | None) -> bool:
+            return name in marks
+
+        return expression.evaluate(has)
+
     # A test may add `process` itself: the folder is left out only if neither set of marks is selected.
-    for marks in ({marker}, {marker, "process"}):
-        if expression.evaluate(marks.__contains__):
-            return None
-    return True
+    return None if selects({marker}) or selects({marker, "process"}) else True
 
 
 # Session fixtures whose tests all run on one worker, so that each is built once: the session's
@@ -89,6 +95,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # no longer reads (a node's id is `_id`): without this the group's tests went to any
             # worker, and each worker started the session's vLLM server (~200 s) again.
             item._id = coerce_node_id(f"{item.nodeid}@{group}")
+
+
+def trainer_key(rollout: Rollout, key: str) -> Any:
+    """A key the trainer writes into a rollout's metadata besides the declared ones (`run_id`,
+    `index_in_group`); KeyError when it is not there."""
+    return (rollout.metadata.model_extra or {})[key]
 
 
 @dataclass

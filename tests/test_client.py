@@ -219,7 +219,7 @@ def test_the_sync_and_async_clients_have_the_same_operations_doing_the_same() ->
         sent.clear()
         got = sync_method(*args, **kwargs)
         awaitable = async_method(*args, **kwargs)
-        assert inspect.isawaitable(awaitable), name
+        assert inspect.iscoroutine(awaitable), name
         assert asyncio.run(awaitable) == got, name
         assert len(sent) == 2 and sent[0] == sent[1], (name, sent)
     sync.close()

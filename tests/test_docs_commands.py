@@ -20,7 +20,7 @@ from .pages import NEW_USER_PAGES, REPO, bash_blocks, commands, is_placeholder
 MAKEFILE = (REPO / "Makefile").read_text()
 SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
 # Shell lines of the pages that are not ours, each with what makes it right.
-SHELL = {("source", ".venv/bin/activate"): "VENV := .venv"}
+SHELL: dict[tuple[str, ...], str] = {("source", ".venv/bin/activate"): "VENV := .venv"}
 
 
 def _make_targets() -> set[str]:

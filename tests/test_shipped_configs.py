@@ -18,7 +18,7 @@ from agentlightning.server.config import ServerConfig
 CONFIG_DIR = Path(agentlightning.config.__file__).parent
 
 
-def differences(schema: dict[str, Any], shipped: dict[str, Any], prefix: str = "") -> list[str]:
+def differences(schema: dict[Any, Any], shipped: dict[Any, Any], prefix: str = "") -> list[str]:
     out = []
     for key in sorted(set(schema) | set(shipped)):
         name = f"{prefix}{key}"

@@ -15,9 +15,10 @@ import json
 import operator
 import os
 import re
-from typing import Any
+from typing import Any, cast
 
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 from agentlightning.agent_events import apost_reward
 
@@ -25,7 +26,7 @@ SYSTEM = (
     "Solve the math word problem. Use the calculator for arithmetic. "
     "End your reply with the final answer as '#### <number>'."
 )
-TOOLS = [
+TOOLS: list[ChatCompletionToolParam] = [
     {
         "type": "function",
         "function": {
@@ -56,7 +57,11 @@ def calculator(expression: str) -> str:
     """+ - * / on numbers only (no names, no powers): safe on the model's text."""
 
     def value(node: ast.AST) -> float:
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, (int, float))
+            and not isinstance(node.value, bool)
+        ):
             return node.value
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](value(node.left), value(node.right))
@@ -90,7 +95,7 @@ def reward(reply: str | None, reference_answer: str) -> float:
 
 
 async def solve(client: AsyncOpenAI, question: str) -> str | None:
-    messages: list[dict[str, Any]] = [
+    messages: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": question},
     ]
@@ -101,8 +106,14 @@ async def solve(client: AsyncOpenAI, question: str) -> str | None:
         message = response.choices[0].message
         if not message.tool_calls:
             return message.content
-        messages.append(message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}))
+        assistant = message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"})
+        messages.append(cast(ChatCompletionMessageParam, assistant))
         for call in message.tool_calls:
+            if call.type != "function":  # only function tools are offered
+                messages.append(
+                    {"role": "tool", "tool_call_id": call.id, "content": "error: not a function tool"}
+                )
+                continue
             try:
                 args = json.loads(call.function.arguments or "{}")
                 output = calculator(str(args["expression"]))

@@ -34,10 +34,11 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import tasks
 from openai import BadRequestError, OpenAI
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 from agentlightning.agent_events import post_reward
 from agentlightning.sandbox import Sandbox, SandboxResult, kill
@@ -52,7 +53,9 @@ SYSTEM = (
 )
 
 
-def _function(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+def _function(
+    name: str, description: str, properties: dict[str, Any], required: list[str]
+) -> ChatCompletionToolParam:
     return {
         "type": "function",
         "function": {
@@ -230,7 +233,7 @@ def run_episode(
     client: OpenAI, tools: Tools, question: str, max_turns: int, max_tokens: int
 ) -> tuple[str | None, int]:
     """(the submitted answer or None, model calls made)."""
-    messages: list[dict[str, Any]] = [
+    messages: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": question},
     ]
@@ -247,8 +250,14 @@ def run_episode(
             messages.append({"role": "assistant", "content": message.content or ""})
             messages.append({"role": "user", "content": "Use a tool, or call submit with your answer."})
             continue
-        messages.append(message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}))
+        assistant = message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"})
+        messages.append(cast(ChatCompletionMessageParam, assistant))
         for call in message.tool_calls:
+            if call.type != "function":  # only function tools are offered
+                messages.append(
+                    {"role": "tool", "tool_call_id": call.id, "content": "error: not a function tool"}
+                )
+                continue
             if call.function.name == "submit":
                 try:
                     return str(json.loads(call.function.arguments or "{}")["answer"]), turn

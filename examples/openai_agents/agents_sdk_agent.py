@@ -50,7 +50,11 @@ def evaluate(expression: str) -> float:
     """+ - * / on numbers only: safe on the model's text."""
 
     def value(node: ast.AST) -> float:
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, (int, float))
+            and not isinstance(node.value, bool)
+        ):
             return node.value
         if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](value(node.left), value(node.right))

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from openai import OpenAI
+from openai.types.chat import ChatCompletionMessageParam
 from sw_env import DEFAULT_JAVA_OPTIONS, ScienceWorldSession, Step
 
 from agentlightning.agent_events import post_event, post_reward
@@ -118,7 +119,7 @@ def play(client: OpenAI, env: ScienceWorldSession, options: Options) -> Episode:
     episode = Episode()
     start = env.reset()
     episode.score = start.score
-    messages: list[dict[str, Any]] = [
+    messages: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": SYSTEM.format(templates="\n".join(env.action_templates()))},
         {
             "role": "user",

@@ -29,10 +29,10 @@ import re
 import string
 import sys
 import time
-from typing import Any
 
 import httpx
 from openai import BadRequestError, OpenAI
+from openai.types.chat import ChatCompletionMessageParam
 
 from agentlightning.agent_events import post_reward
 
@@ -151,7 +151,7 @@ def run_episode(
     client: OpenAI, retrieval: Retrieval, question: str, max_turns: int, max_tokens: int
 ) -> tuple[str | None, int]:
     """(the model's last reply, model calls made)."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": INSTRUCTION + question}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": INSTRUCTION + question}]
     calls = 0
     reply: str | None = None
     for turn in range(max_turns + 1):  # the extra turn is v1.0's last try without an answer

@@ -70,6 +70,15 @@ def wait_terminal(client: GatewayClient, ids: Iterable[str], timeout: float = 30
         raise AssertionError(f"rollouts did not finish in {timeout}s: {states}") from None
 
 
+def file_text(path: Path) -> str:
+    """`path`'s text, or "" while it is not there yet (for `wait_until`)."""
+    return path.read_text() if path.exists() else ""
+
+
+def pid_gone(pid: int) -> bool:
+    return not pid_alive(pid)
+
+
 def pid_alive(pid: int) -> bool:
     """True while the process exists and is not a zombie (an exited child nobody reaped yet)."""
     try:

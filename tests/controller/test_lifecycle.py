@@ -8,6 +8,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -20,6 +21,7 @@ from agentlightning.schemas import RolloutState
 from tests.conftest import RunningGateway
 from tests.controller.helpers import (
     GATEWAY_OVERRIDES,
+    file_text,
     local_config,
     pid_alive,
     start_controller,
@@ -63,7 +65,7 @@ def create(client: GatewayClient, agent: str, input: object = None, **env_map: s
 
 
 def read_pid(path: Path, timeout: float = 30.0) -> int:
-    return int(wait_until(lambda: path.exists() and path.read_text(), timeout, f"{path.name} to be written"))
+    return int(wait_until(partial(file_text, path), timeout, f"{path.name} to be written"))
 
 
 def waiting_agent(
@@ -90,16 +92,12 @@ def test_signal_stops_agents_and_fails_their_rollouts(
 ) -> None:
     ctl = start_controller(gw.url, KEY, tmp_path / "logs")
     controllers.append(ctl)
-    ids, pids = [], []
+    ids, pid_files = [], []
     for name in ("a", "b"):
         pid_file = tmp_path / f"{name}.pid"
         ids.append(create(client, f"{AGENTS}.SleepAgent", {"pid": str(pid_file)}, PID_FILE="input.pid"))
-        pids.append(pid_file)
-    pids = [
-        int(p)
-        for f in pids
-        for p in wait_until(lambda f=f: f.exists() and f.read_text(), 30, "agents").split()
-    ]
+        pid_files.append(pid_file)
+    pids = [int(p) for f in pid_files for p in wait_until(partial(file_text, f), 30, "agents").split()]
     os.kill(ctl.pid, sig)  # the controller only, as a supervisor would
     assert ctl.proc is not None and ctl.proc.wait(20) == 0, ctl.log_tail()
     for rollout in (client.get_rollout(i).rollout for i in ids):
@@ -238,9 +236,7 @@ def test_deleting_a_running_rollout_stops_its_agent(
     controllers.append(ctl)
     pid_file = tmp_path / "sleep.pid"
     rollout_id = create(client, f"{AGENTS}.SleepAgent", {"pid": str(pid_file)}, PID_FILE="input.pid")
-    pids = [
-        int(p) for p in wait_until(lambda: pid_file.exists() and pid_file.read_text(), 30, "agent").split()
-    ]
+    pids = [int(p) for p in wait_until(partial(file_text, pid_file), 30, "agent").split()]
     client.delete_rollout(rollout_id)
     wait_until(lambda: not any(pid_alive(p) for p in pids), 15, "the agent to be stopped")
     assert "the rollout was deleted" in ctl.log_tail(50)

@@ -10,6 +10,7 @@ import os
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from agentlightning.schemas import Model
 from tests.conftest import RunningGateway, start_gateway
 from tests.controller.helpers import (
     GATEWAY_OVERRIDES,
+    file_text,
     local_config,
     pid_alive,
     start_controller,
@@ -187,9 +189,7 @@ def test_timeout_kills_the_whole_process_group(client: GatewayClient, tmp_path: 
         {"pid_file": str(pid_file)},
         timeout_seconds=1.5,
     )
-    agent_pid, grandchild_pid = map(
-        int, wait_until(lambda: pid_file.exists() and pid_file.read_text(), 20, "the agent").split()
-    )
+    agent_pid, grandchild_pid = map(int, wait_until(partial(file_text, pid_file), 20, "the agent").split())
     status = wait_terminal(client, [rollout_id])[rollout_id].status
     assert status.state == "failed"
     assert "timed out after 1.5s" in (status.error_message or "")
@@ -314,7 +314,7 @@ def test_a_command_agents_timeout_kills_what_it_started(client: GatewayClient, t
     pid_file = tmp_path / "pid"
     script = f"sleep 60 & echo $! > {pid_file}; wait"
     rollout_id = create(client, {"local": {"command": ["sh", "-c", script]}}, timeout_seconds=1.5)
-    sleeper = int(wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), 20, "the agent"))
+    sleeper = int(wait_until(lambda: file_text(pid_file).strip(), 20, "the agent"))
     status = wait_terminal(client, [rollout_id])[rollout_id].status
     assert status.state == "failed" and "timed out after 1.5s" in (status.error_message or "")
     wait_until(lambda: not pid_alive(sleeper), 10, "the command's child to be gone")

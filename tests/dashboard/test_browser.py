@@ -69,7 +69,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                 ("val", "d-add", "2+3", False, 2),
             ]
             world = World(gw, client, controller, shots)
-            specs = []
+            specs: list[dict[str, Any]] = []
             for kind, data_id, question, is_train, n in plan:
                 for i in range(n):
                     rid = f"{kind}-{i}-{uuid.uuid4().hex[:6]}"

@@ -24,7 +24,10 @@ KEY = "ctl-metrics-key"
 AGENTS = "tests.controller.agents"
 
 
-def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(url: str) -> Metrics:
     text = httpx.get(url, timeout=10).text
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -58,11 +61,12 @@ def test_controller_metrics_count_what_it_ran(tmp_path: Path) -> None:
             done = wait_terminal(client, [r for rs in ids.values() for r in rs], timeout=120)
         assert [done[r].status.state for r in ids["ok"]] == ["succeeded", "succeeded"]
         assert done[ids["crash"][0]].status.state == "failed"
-        m = wait_until(
-            lambda: (s := scrape(url))[("agl_controller_reported_total", (("state", "failed"),))] == 1 and s,
-            30,
-            "the last report to be counted",
-        )
+
+        def counted() -> Metrics | None:
+            s = scrape(url)
+            return s if s[("agl_controller_reported_total", (("state", "failed"),))] == 1 else None
+
+        m = wait_until(counted, 30, "the last report to be counted")
         assert m[("agl_controller_starts_total", ())] == 3
         assert m[("agl_controller_start_latency_seconds_count", ())] == 3
         assert m[("agl_controller_failures_total", (("reason", "agent"),))] == 1

@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentlightning.client import GatewayClient
@@ -18,7 +19,7 @@ from tests.conftest import RunningGateway, start_gateway
 from tests.fakes.model_server import FakeModelServer, Reply
 
 KEY = "metrics-key"
-USER = [{"role": "user", "content": "what is two plus two"}]
+USER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "what is two plus two"}]
 
 
 @pytest.fixture

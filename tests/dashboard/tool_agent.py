@@ -11,12 +11,14 @@ import ast
 import json
 import operator
 import os
+from typing import cast
 
 import openai
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 from tests.controller.agents import reward
 
-TOOLS = [
+TOOLS: list[ChatCompletionToolParam] = [
     {
         "type": "function",
         "function": {
@@ -50,15 +52,16 @@ class ToolAgent:
             base_url=os.environ["AGL_OPENAI_BASE_URL"], api_key=os.environ["AGL_KEY"], max_retries=2
         )
         question = os.environ["QUESTION"]
-        messages: list[dict] = [
+        messages: list[ChatCompletionMessageParam] = [
             {"role": "system", "content": "You can use the calc tool."},
             {"role": "user", "content": f"What is {question}?"},
         ]
         first = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
-        call = first.choices[0].message.tool_calls[0]
+        call = (first.choices[0].message.tool_calls or [])[0]
+        assert call.type == "function"
         result = calc(json.loads(call.function.arguments)["expr"])
-        tool_turn = [
-            first.choices[0].message.model_dump(exclude_none=True),
+        tool_turn: list[ChatCompletionMessageParam] = [
+            cast(ChatCompletionMessageParam, first.choices[0].message.model_dump(exclude_none=True)),
             {"role": "tool", "tool_call_id": call.id, "content": f"tool-result: {result}"},
         ]
         if question.endswith("(fresh)"):

@@ -36,7 +36,8 @@ def calculate(expression: str) -> str:
 
 def _streamed(http: httpx.Client, url: str, body: dict[str, Any]) -> dict[str, Any]:
     """A streamed chat answer assembled into a message."""
-    text, calls = "", {}
+    text = ""
+    calls: dict[int, dict[str, Any]] = {}
     with http.stream("POST", url, json={**body, "stream": True}) as response:
         response.raise_for_status()
         for line in response.iter_lines():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ def results(successes: list[int], n: int = 3, failed: int = 0) -> list[RolloutRe
     return out
 
 
-def summary(successes: list[int], failed: int = 0) -> dict:  # type: ignore[type-arg]
+def summary(successes: list[int], failed: int = 0) -> dict[str, Any]:
     return summarize_policy(
         results(successes, failed=failed), TASKS, 3, [1, 3], 1.0, seed=0, bootstrap_samples=500
     )

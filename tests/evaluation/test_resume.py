@@ -113,7 +113,7 @@ def test_sigkill_mid_run_then_resume_gives_the_same_report(tmp_path: Path, warm_
             ours = [
                 r
                 for r in client.list_rollouts(limit=1000)
-                if r.metadata.model_extra.get("eval_policy") == "warm"
+                if (r.metadata.model_extra or {}).get("eval_policy") == "warm"
             ]
             assert len(ours) == TASKS * N
             before = [r for r in ours if r.status.created_at < restarted_at]

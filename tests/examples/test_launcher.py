@@ -138,6 +138,7 @@ def test_other_examples_configs_are_valid(example: str) -> None:
     )
     cfg = launcher.build_config(block, args, overrides, "t")
     core = load_core_config(cfg)
+    assert core.agl.local.agent_class is not None
     agent_module = core.agl.local.agent_class.split(":")[0]
     assert (EXAMPLES / example / f"{agent_module}.py").exists()
     assert set(core.agl.local.env_map) <= {"QUESTION", "ANSWER", "RESULT"}

@@ -321,9 +321,9 @@ def _code_for(question: str) -> tuple[str, dict[str, str]]:
     if m := re.search(r"What is (\d+) raised to the power (\d+), modulo (\d+)", question):
         return "python", {"code": f"print(pow({m.group(1)}, {m.group(2)}, {m.group(3)}))"}
     if m := re.search(r"from 1 to (\d+) are divisible by exactly one of (\d+) and (\d+)", question):
-        n, p, q = m.groups()
+        last, p, q = m.groups()
         return "python", {
-            "code": f"print(sum(1 for i in range(1, {n} + 1) if (i % {p} == 0) != (i % {q} == 0)))"
+            "code": f"print(sum(1 for i in range(1, {last} + 1) if (i % {p} == 0) != (i % {q} == 0)))"
         }
     if m := re.search(r"access code of vault (\w+)", question):
         return "shell", {

@@ -161,7 +161,7 @@ def ran(tmp_path_factory: pytest.TempPathFactory, examples_python: str) -> Itera
 
                 states = wait_until(finished, 360, "the four rollouts to finish")
                 names = [client.get_rollout(i).rollout.status.k8s_job_name for i in ids]
-                jobs = [cluster.job(name, "agents") or {} for name in names]
+                jobs = [(cluster.job(name, "agents") if name else None) or {} for name in names]
                 events = [client.get_events_json(i, format="raw") for i in ids]
                 rows = [
                     aggregate_rollout(

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from agentlightning.sandbox import available
+from agentlightning.sandbox import SandboxResult, available
 from examples.swe.bank import make_task
-from examples.swe.grader import grade
+from examples.swe.grader import Grade, grade
 from examples.swe.task import Task
 from examples.swe.tasks import checkout
 from examples.swe.workspace import agent_sandbox
@@ -33,7 +33,7 @@ def ws(tmp_path: Path) -> Path:
     return checkout(TASK, tmp_path / "ws")
 
 
-def agent(ws: Path, *commands: str) -> list[subprocess.CompletedProcess]:
+def agent(ws: Path, *commands: str) -> list[SandboxResult]:
     """The scripted agent: each command in `bash -c`, in the sandbox, as a harness would run it."""
     box = agent_sandbox(ws)
     return [box.run(["bash", "-c", c], timeout=120) for c in commands]
@@ -43,7 +43,7 @@ def _write(ws: Path, rel: str, text: str) -> str:
     return f"mkdir -p $(dirname {rel}) && cat > {rel} <<'EOF'\n{text}\nEOF"
 
 
-def _assert_zero(task: Task, ws: Path, **kw) -> None:
+def _assert_zero(task: Task, ws: Path, **kw: Any) -> Grade:
     result = grade(task, ws, **kw)
     assert result.reward == 0.0 and not result.resolved, result
     return result

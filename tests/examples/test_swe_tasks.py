@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -75,7 +76,7 @@ def test_loader_reads_swe_bench_and_swe_smith_lines(tmp_path: Path) -> None:
         "PASS_TO_PASS": "[]",
         "version": "4.3",
     }
-    swe_smith = {
+    swe_smith: dict[str, Any] = {
         **swe_bench,
         "instance_id": "a__b.c0ffee.func_pm_op_swap__x1",
         "image_name": "swesmith.x86_64.a__b",

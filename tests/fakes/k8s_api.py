@@ -621,7 +621,7 @@ class FakeCluster:
                         else blocked
                     )
         env = {e["name"]: str(e.get("value", "")) for e in container.get("env") or [] if "name" in e}
-        env = {k: _VAR_REF.sub(lambda m, env=env: env.get(m.group(1), m.group(0)), v) for k, v in env.items()}
+        env = {k: _VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), v) for k, v in env.items()}
         argv = [*(container.get("command") or []), *(container.get("args") or [])]
         argv = [_VAR_REF.sub(lambda m: env.get(m.group(1), m.group(0)), a) for a in argv]
         now = _now_iso()

@@ -54,7 +54,7 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Self
 
@@ -115,7 +115,7 @@ def tool_call_tokens(name: str, arguments: str) -> list[int]:
     return encode(tool_call_head(name)) + encode(arguments) + encode(TOOL_CALL_TAIL)
 
 
-def render_message(message: dict[str, Any]) -> list[int]:
+def render_message(message: Mapping[str, Any]) -> list[int]:
     """A message's tokens: role, content, tool calls, end of turn."""
     ids = [ROLE_TOKENS.get(str(message.get("role")), OTHER_ROLE), *encode(_text(message.get("content")))]
     for call in message.get("tool_calls") or []:
@@ -125,7 +125,7 @@ def render_message(message: dict[str, Any]) -> list[int]:
     return ids
 
 
-def chat_prompt_ids(messages: list[dict[str, Any]]) -> list[int]:
+def chat_prompt_ids(messages: Sequence[Mapping[str, Any]]) -> list[int]:
     """The generation prompt: every message, then the assistant's role token."""
     ids: list[int] = []
     for message in messages:

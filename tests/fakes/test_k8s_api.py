@@ -6,15 +6,16 @@ import asyncio
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from functools import partial
 from pathlib import Path
 
 import httpx
 import kr8s
 import kr8s.asyncio
 import pytest
-from kr8s.asyncio.objects import Job
+from kr8s.asyncio.objects import Job, Pod
 
-from tests.controller.helpers import pid_alive, wait_until
+from tests.controller.helpers import file_text, pid_alive, pid_gone, wait_until
 from tests.controller.k8s_helpers import FakeKubernetes, start_fake_kubernetes
 from tests.fakes.k8s_api import matches_fields, matches_labels
 
@@ -101,6 +102,7 @@ async def test_job_runs_its_command_and_reports_like_the_job_controller(
     assert status["succeeded"] == 1 and status["active"] == 0 and "completionTime" in status
     assert [c["type"] for c in status["conditions"]] == ["SuccessCriteriaMet", "Complete"]
     [pod] = [p async for p in api.get("pods", namespace="default", label_selector={"job-name": "ok"})]
+    assert isinstance(pod, Pod)
     assert pod.raw["metadata"]["ownerReferences"][0]["name"] == "ok"
     assert pod.raw["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
     assert [line async for line in pod.logs()] == [f"hello {pod.name}"]
@@ -128,7 +130,7 @@ async def test_delete_without_propagation_orphans_the_pod(
         pid_file = tmp_path / name
         code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
         await Job(job(name, code), api=api).create()
-        pid = int(wait_until(lambda f=pid_file: f.exists() and f.read_text(), 20, "the pod to run"))
+        pid = int(wait_until(partial(file_text, pid_file), 20, "the pod to run"))
         await Job({"metadata": {"name": name, "namespace": "default"}}, api=api).delete(
             propagation_policy=policy
         )
@@ -138,7 +140,7 @@ async def test_delete_without_propagation_orphans_the_pod(
             assert pid_alive(pid) and orphan["metadata"]["ownerReferences"] == []
             with fake.http() as http:
                 http.delete(f"/api/v1/namespaces/default/pods/{orphan['metadata']['name']}")
-        wait_until(lambda p=pid: not pid_alive(p), 10, "the pod's process to stop")
+        wait_until(partial(pid_gone, pid), 10, "the pod's process to stop")
 
 
 async def test_watch_resumes_from_a_resource_version_and_filters_by_label(api: kr8s.asyncio.Api) -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import openai
 import orjson
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from agentlightning.procs import ManagedProcess, free_port
 from tests.fakes.model_server import (
@@ -48,7 +49,7 @@ def sse_events(response: httpx.Response) -> list[Any]:
     return out
 
 
-USER = [{"role": "user", "content": "what is two plus two"}]
+USER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "what is two plus two"}]
 
 
 def test_chat_answer_carries_token_ids_and_logprobs(fake: FakeModelServer) -> None:
@@ -83,18 +84,20 @@ def test_follow_up_prompt_extends_previous_prompt_and_answer(fake: FakeModelServ
     client = openai.OpenAI(base_url=fake.base_url, api_key="k")
     first = client.chat.completions.create(model="m", messages=USER, extra_body={"return_token_ids": True})
     message = first.choices[0].message
-    assert message.tool_calls is not None and message.tool_calls[0].function.name == "calc"
+    assert message.tool_calls is not None
+    call = message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "calc"
     assert first.choices[0].finish_reason == "tool_calls"
-    history = [
+    history: list[ChatCompletionMessageParam] = [
         *USER,
-        message.model_dump(exclude_none=True),
-        {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "4"},
+        cast(ChatCompletionMessageParam, message.model_dump(exclude_none=True)),
+        {"role": "tool", "tool_call_id": call.id, "content": "4"},
     ]
     second = client.chat.completions.create(
         model="m", messages=history, extra_body={"return_token_ids": True}
     )
-    before = first.model_extra["prompt_token_ids"] + first.choices[0].model_extra["token_ids"]
-    after = second.model_extra["prompt_token_ids"]
+    before = (first.model_extra or {})["prompt_token_ids"] + (first.choices[0].model_extra or {})["token_ids"]
+    after = (second.model_extra or {})["prompt_token_ids"]
     assert after[: len(before)] == before
     assert len(after) > len(before)
 

@@ -237,7 +237,7 @@ def test_the_controller_key_lists_patches_and_mints_but_nothing_else(api: TestCl
     r = api.patch(f"/api/rollouts/{MINE}", json={"status": {"k8s_job_name": "j"}}, headers=ctl)
     assert r.status_code == 200
     before = snapshot(api)
-    denied = [
+    denied: list[tuple[str, str, Any]] = [
         ("POST", "/api/rollouts", [{"input": {}}]),
         ("DELETE", f"/api/rollouts/{MINE}", None),
         ("POST", "/api/rollouts/batch/delete", {"rollout_ids": [MINE]}),

@@ -17,6 +17,7 @@ import httpx
 import openai
 import orjson
 import pytest
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 from agentlightning.client import GatewayClient
 from agentlightning.schemas import Model, RolloutCreate
@@ -31,8 +32,8 @@ from tests.fakes.model_server import (
 )
 
 KEY = "proxy-key"
-USER = [{"role": "user", "content": "what is two plus two"}]
-TOOLS = [
+USER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "what is two plus two"}]
+TOOLS: list[ChatCompletionToolParam] = [
     {
         "type": "function",
         "function": {

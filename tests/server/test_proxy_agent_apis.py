@@ -12,6 +12,9 @@ import anthropic
 import httpx
 import openai
 import pytest
+from anthropic.types import MessageParam, ToolParam
+from openai.types.chat import ChatCompletionToolParam
+from openai.types.responses import FunctionToolParam, ResponseInputParam
 
 from agentlightning.client import GatewayClient
 from agentlightning.schemas import Model, RolloutCreate
@@ -19,22 +22,28 @@ from tests.conftest import RunningGateway, start_gateway
 from tests.fakes.model_server import FakeModelServer, Reply, ToolCall, chat_prompt_ids
 
 KEY = "apis-key"
-RESPONSES_TOOL = {
+PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {"expr": {"type": "string"}},
+    "required": ["expr"],
+}
+# The SDK's type requires `strict`, which the API defaults.
+RESPONSES_TOOL: FunctionToolParam = {  # type: ignore[typeddict-item]
     "type": "function",
     "name": "calc",
     "description": "evaluate an arithmetic expression",
-    "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]},
+    "parameters": PARAMETERS,
 }
-ANTHROPIC_TOOL = {
+ANTHROPIC_TOOL: ToolParam = {
     "name": "calc",
     "description": "evaluate an arithmetic expression",
-    "input_schema": RESPONSES_TOOL["parameters"],
+    "input_schema": PARAMETERS,
 }
-CHAT_TOOL = {
+CHAT_TOOL: ChatCompletionToolParam = {
     "type": "function",
     "function": {
         "name": "calc",
-        "parameters": RESPONSES_TOOL["parameters"],
+        "parameters": PARAMETERS,
         "description": "evaluate an arithmetic expression",
     },
 }
@@ -136,7 +145,7 @@ def test_responses_create_with_a_function_tool_and_its_result(
     # The next turn sends the whole history back, with the tool's output.
     fake.state.reset()
     fake.script(Reply(content="it is 4"))
-    history = [
+    history: ResponseInputParam = [
         {"role": "user", "content": "what is 2+2"},
         {"type": "function_call", "call_id": call.call_id, "name": "calc", "arguments": call.arguments},
         {"type": "function_call_output", "call_id": call.call_id, "output": "4"},
@@ -198,7 +207,7 @@ def test_anthropic_messages_create_and_stream_with_tool_use(
     fake.state.reset()
     rollout_id = new_rollout(client)
     fake.script(Reply(content="nine"))
-    history = [
+    history: list[MessageParam] = [
         {"role": "user", "content": "what is 3*3"},
         {
             "role": "assistant",
@@ -334,7 +343,7 @@ def test_the_sdks_see_their_own_errors_for_pause_and_upstream_refusals(
         anthropic_sdk(gw, rollout_id).messages.create(
             model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
         )
-    assert paused.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
+    assert paused.value.response.json()["error"]["type"] == "rate_limit_error"
     assert paused.value.response.headers["x-agl-paused"] == "true"
     with pytest.raises(openai.RateLimitError):
         openai_sdk(gw, rollout_id).responses.create(model="m", input="hi")
@@ -346,7 +355,7 @@ def test_the_sdks_see_their_own_errors_for_pause_and_upstream_refusals(
         anthropic_sdk(gw, rollout_id).messages.create(
             model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
         )
-    assert "prompt too long" in refused.value.body["error"]["message"]  # type: ignore[index]
+    assert "prompt too long" in refused.value.response.json()["error"]["message"]
     (event,) = recorded(client, rollout_id)
     assert event["status"] == "error" and event["http_status"] == 400
 

@@ -87,7 +87,7 @@ def test_an_upstream_that_lists_no_context_gets_the_agents_value(gateway: Runnin
         Rollout(gateway).openai.chat.completions.create(
             model="m",
             messages=[{"role": "user", "content": "hi"}],
-            max_tokens=32000,  # type: ignore[arg-type]
+            max_tokens=32000,
         )
     assert seen[0]["max_tokens"] == 32000
 

@@ -9,13 +9,20 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import anthropic
 import httpx
 import openai
 import pytest
 from aiohttp import web
+from anthropic.types import MessageParam, ToolParam
+from openai.types.chat import (
+    ChatCompletionMessageParam,
+    ChatCompletionMessageToolCallParam,
+    ChatCompletionToolParam,
+)
+from openai.types.responses import FunctionToolParam, ResponseInputParam
 
 from agentlightning.aggregation import AggregationStats, aggregate_rollout
 from agentlightning.client import GatewayClient
@@ -41,7 +48,14 @@ KEY = "exact-key"
 # The model writes JSON with spaces; every harness below sends it back compact (the Anthropic
 # route itself writes a tool_use's input compactly).
 WRITTEN = '{"expr": "3*3"}'
-CHAT_TOOLS = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
+CHAT_TOOLS: list[ChatCompletionToolParam] = [
+    {"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}
+]
+# The SDK's type requires `strict`, which the API defaults.
+RESPONSES_TOOLS: list[FunctionToolParam] = [
+    {"type": "function", "name": "calc", "parameters": {"type": "object"}}  # type: ignore[typeddict-item]
+]
+ANTHROPIC_TOOLS: list[ToolParam] = [{"name": "calc", "input_schema": {"type": "object"}}]
 QUESTION = "what is 3*3"
 
 
@@ -87,33 +101,37 @@ class Rollout:
 
 
 def chat_loop(rollout: Rollout, stream: bool) -> str:
-    messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
-    call = rollout.openai.chat.completions.create(model="m", messages=messages, tools=CHAT_TOOLS)  # type: ignore[arg-type]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": QUESTION}]
+    call = rollout.openai.chat.completions.create(model="m", messages=messages, tools=CHAT_TOOLS)
     (tool_call,) = call.choices[0].message.tool_calls or []
-    assert tool_call.function.arguments == WRITTEN  # type: ignore[union-attr]
+    assert tool_call.type == "function" and tool_call.function.arguments == WRITTEN
     resent = {**tool_call.model_dump(), "function": {"name": "calc", "arguments": compact(WRITTEN)}}
     messages += [
-        {"role": "assistant", "content": None, "tool_calls": [resent]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [cast(ChatCompletionMessageToolCallParam, resent)],
+        },
         {"role": "tool", "tool_call_id": tool_call.id, "content": "9"},
     ]
     if stream:
         chunks = rollout.openai.chat.completions.create(
             model="m", messages=messages, tools=CHAT_TOOLS, stream=True
-        )  # type: ignore[arg-type]
+        )
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     return (
         rollout.openai.chat.completions.create(model="m", messages=messages, tools=CHAT_TOOLS)
         .choices[0]
         .message.content
         or ""
-    )  # type: ignore[arg-type]
+    )
 
 
 def responses_loop(rollout: Rollout, stream: bool) -> str:
-    tools = [{"type": "function", "name": "calc", "parameters": {"type": "object"}}]
-    first = rollout.openai.responses.create(model="m", input=QUESTION, tools=tools)  # type: ignore[arg-type]
+    tools = RESPONSES_TOOLS
+    first = rollout.openai.responses.create(model="m", input=QUESTION, tools=tools)
     (call,) = [item for item in first.output if item.type == "function_call"]
-    items = [
+    items: ResponseInputParam = [
         {"role": "user", "content": QUESTION},
         {
             "type": "function_call",
@@ -124,15 +142,15 @@ def responses_loop(rollout: Rollout, stream: bool) -> str:
         {"type": "function_call_output", "call_id": call.call_id, "output": "9"},
     ]
     if stream:
-        with rollout.openai.responses.stream(model="m", input=items, tools=tools) as events:  # type: ignore[arg-type]
+        with rollout.openai.responses.stream(model="m", input=items, tools=tools) as events:
             return events.get_final_response().output_text
-    return rollout.openai.responses.create(model="m", input=items, tools=tools).output_text  # type: ignore[arg-type]
+    return rollout.openai.responses.create(model="m", input=items, tools=tools).output_text
 
 
 def anthropic_loop(rollout: Rollout, stream: bool) -> str:
-    tools = [{"name": "calc", "input_schema": {"type": "object"}}]
-    messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
-    first = rollout.anthropic.messages.create(model="m", max_tokens=50, messages=messages, tools=tools)  # type: ignore[arg-type]
+    tools = ANTHROPIC_TOOLS
+    messages: list[MessageParam] = [{"role": "user", "content": QUESTION}]
+    first = rollout.anthropic.messages.create(model="m", max_tokens=50, messages=messages, tools=tools)
     (use,) = [b for b in first.content if b.type == "tool_use"]
     messages += [
         {
@@ -144,9 +162,9 @@ def anthropic_loop(rollout: Rollout, stream: bool) -> str:
     if stream:
         with rollout.anthropic.messages.stream(
             model="m", max_tokens=50, messages=messages, tools=tools
-        ) as events:  # type: ignore[arg-type]
+        ) as events:
             return "".join(events.text_stream)
-    message = rollout.anthropic.messages.create(model="m", max_tokens=50, messages=messages, tools=tools)  # type: ignore[arg-type]
+    message = rollout.anthropic.messages.create(model="m", max_tokens=50, messages=messages, tools=tools)
     return "".join(b.text for b in message.content if b.type == "text")
 
 
@@ -220,15 +238,18 @@ def test_a_compacted_history_starts_a_new_segment(
         Reply(content="step one"), Reply(content="step two"), Reply(content="from the summary")
     )
     rollout = Rollout(gateways["exact"])
-    messages: list[dict[str, Any]] = [
+    messages: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": QUESTION},
     ]
     for _ in range(2):
-        answer = rollout.openai.chat.completions.create(model="m", messages=messages).choices[0].message  # type: ignore[arg-type]
+        answer = rollout.openai.chat.completions.create(model="m", messages=messages).choices[0].message
         messages += [{"role": "assistant", "content": answer.content}, {"role": "user", "content": "go on"}]
-    summary = [messages[0], {"role": "user", "content": "summary: step one, step two. go on"}]
-    rollout.openai.chat.completions.create(model="m", messages=summary)  # type: ignore[arg-type]
+    summary: list[ChatCompletionMessageParam] = [
+        messages[0],
+        {"role": "user", "content": "summary: step one, step two. go on"},
+    ]
+    rollout.openai.chat.completions.create(model="m", messages=summary)
     events = rollout.events()
     assert [e["segment"]["continues"] for e in events] == [False, True, False]
     broken = events[2]["segment"]["break"]
@@ -272,11 +293,11 @@ def test_a_token_path_stream_reaches_the_agent_while_the_model_generates(
     scale_out_fake.state.reset()
     scale_out_fake.script(Reply(content=words, gate="held", gate_after_chunks=2), Reply(content=words))
     rollout = Rollout(gateways["exact"])
-    hi = [{"role": "user", "content": "count"}]
+    hi: list[ChatCompletionMessageParam] = [{"role": "user", "content": "count"}]
     agent = rollout.openai.with_options(timeout=60)  # no first chunk before the gate opens: a failure
     stream = agent.chat.completions.create(
         model="m", messages=hi, stream=True, stream_options={"include_usage": True}, logprobs=True
-    )  # type: ignore[arg-type]
+    )
     chunks = iter(stream)
     first = next(chunks)
     # While generate is held after two tokens: it has not finished. (Events that arrive together
@@ -296,7 +317,7 @@ def test_a_token_path_stream_reaches_the_agent_while_the_model_generates(
     assert (first.model_extra or {})["prompt_token_ids"] == chat_prompt_ids(hi)
 
     other = Rollout(gateways["exact"])
-    other.openai.chat.completions.create(model="m", messages=hi, logprobs=True)  # type: ignore[arg-type]
+    other.openai.chat.completions.create(model="m", messages=hi, logprobs=True)
     (streamed,), (whole,) = rollout.events(), other.events()
     assert streamed["status"] == "ok" and streamed["stream"] is True and not streamed["incomplete"]
     assert (
@@ -316,12 +337,12 @@ def test_a_streamed_tool_call_reaches_the_agent_as_the_non_streamed_one(
     answers = []
     for stream in (True, False):
         rollout = Rollout(gateways["exact"])
-        messages = [{"role": "user", "content": QUESTION}]
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": QUESTION}]
         if stream:
             chunks = list(
                 rollout.openai.chat.completions.create(
                     model="m", messages=messages, tools=CHAT_TOOLS, stream=True
-                )  # type: ignore[arg-type]
+                )
             )
             deltas = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or []]
             assert len(deltas) > 2  # the arguments come in pieces, as the model writes them
@@ -330,7 +351,7 @@ def test_a_streamed_tool_call_reaches_the_agent_as_the_non_streamed_one(
             assert (name, arguments) == ("calc", WRITTEN)
             assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
         else:
-            rollout.openai.chat.completions.create(model="m", messages=messages, tools=CHAT_TOOLS)  # type: ignore[arg-type]
+            rollout.openai.chat.completions.create(model="m", messages=messages, tools=CHAT_TOOLS)
         (event,) = rollout.events()
         answers.append(event["response"]["choices"][0])
     streamed, whole = answers
@@ -338,20 +359,22 @@ def test_a_streamed_tool_call_reaches_the_agent_as_the_non_streamed_one(
     assert (streamed["token_ids"], streamed["finish_reason"]) == (whole["token_ids"], whole["finish_reason"])
 
 
-def first_text_and_the_rest(rollout: Rollout, api: str, messages: list[dict[str, Any]]) -> tuple[str, Any]:
-    """Open a stream in `api` (the official SDK, raw events); the text of the first event that
-    carries some, and an iterator over the events after it."""
+def first_text_and_the_rest(rollout: Rollout, api: str, question: str) -> tuple[str, Any]:
+    """Open a stream in `api` (the official SDK, raw events) with the user's `question`; the text
+    of the first event that carries some, and an iterator over the events after it."""
     if api == "anthropic.messages":
         events: Any = iter(
             rollout.anthropic.with_options(timeout=60).messages.create(
-                model="m", max_tokens=50, messages=messages, stream=True
-            )  # type: ignore[arg-type]
+                model="m", max_tokens=50, messages=[{"role": "user", "content": question}], stream=True
+            )
         )
         kind, field = "content_block_delta", "text"
     else:
         events = iter(
-            rollout.openai.with_options(timeout=60).responses.create(model="m", input=messages, stream=True)
-        )  # type: ignore[arg-type]
+            rollout.openai.with_options(timeout=60).responses.create(
+                model="m", input=[{"role": "user", "content": question}], stream=True
+            )
+        )
         kind, field = "response.output_text.delta", "delta"
     for event in events:
         if event.type == kind:
@@ -373,8 +396,7 @@ def test_a_responses_or_messages_stream_streams_as_the_model_generates(
     scale_out_fake.state.reset()
     scale_out_fake.script(Reply(content=words, gate="held", gate_after_chunks=2), Reply(content=words))
     rollout = Rollout(gateways[path])
-    hi = [{"role": "user", "content": "count"}]
-    first, rest = first_text_and_the_rest(rollout, api, hi)
+    first, rest = first_text_and_the_rest(rollout, api, "count")
     assert first in ("one", "one two")  # while generate is held after two tokens: not finished
     scale_out_fake.open_gate("held")
     events = list(rest)
@@ -390,9 +412,11 @@ def test_a_responses_or_messages_stream_streams_as_the_model_generates(
 
     other = Rollout(gateways[path])
     if api == "anthropic.messages":
-        other.anthropic.messages.create(model="m", max_tokens=50, messages=hi)  # type: ignore[arg-type]
+        other.anthropic.messages.create(
+            model="m", max_tokens=50, messages=[{"role": "user", "content": "count"}]
+        )
     else:
-        other.openai.responses.create(model="m", input=hi)  # type: ignore[arg-type]
+        other.openai.responses.create(model="m", input=[{"role": "user", "content": "count"}])
     (streamed,), (whole,) = rollout.events(), other.events()
     assert streamed["status"] == "ok" and streamed["stream"] is True and not streamed["incomplete"]
     for key in ("token_ids", "message", "logprobs", "finish_reason"):
@@ -412,23 +436,24 @@ def test_a_streamed_tool_call_in_responses_or_messages_comes_in_pieces_with_the_
     scale_out_fake.state.reset()
     scale_out_fake.script(Reply(content="", tool_calls=[ToolCall("calc", WRITTEN)]))
     rollout = Rollout(gateways["exact"])
-    question = [{"role": "user", "content": QUESTION}]
     if api == "anthropic.messages":
-        tools = [{"name": "calc", "input_schema": {"type": "object"}}]
-        with rollout.anthropic.messages.stream(model="m", max_tokens=50, messages=question, tools=tools) as s:  # type: ignore[arg-type]
-            pieces = [e for e in s if e.type == "input_json"]
+        question: list[MessageParam] = [{"role": "user", "content": QUESTION}]
+        with rollout.anthropic.messages.stream(
+            model="m", max_tokens=50, messages=question, tools=ANTHROPIC_TOOLS
+        ) as s:
+            pieces = sum(e.type == "input_json" for e in s)
             message = s.get_final_message()
         (use,) = [b for b in message.content if b.type == "tool_use"]
         called = (use.id, use.name, use.input)
         assert message.stop_reason == "tool_use"
     else:
-        tools = [{"type": "function", "name": "calc", "parameters": {"type": "object"}}]
-        with rollout.openai.responses.stream(model="m", input=question, tools=tools) as s:  # type: ignore[arg-type]
-            pieces = [e for e in s if e.type == "response.function_call_arguments.delta"]
-            response = s.get_final_response()
+        items: ResponseInputParam = [{"role": "user", "content": QUESTION}]
+        with rollout.openai.responses.stream(model="m", input=items, tools=RESPONSES_TOOLS) as r:
+            pieces = sum(e.type == "response.function_call_arguments.delta" for e in r)
+            response = r.get_final_response()
         (call,) = [i for i in response.output if i.type == "function_call"]
         called = (call.call_id, call.name, json.loads(call.arguments))
-    assert len(pieces) >= 2  # the arguments come in pieces, as the model writes them
+    assert pieces >= 2  # the arguments come in pieces, as the model writes them
     assert called[1:] == ("calc", json.loads(WRITTEN))
     (event,) = rollout.events()
     recorded = event["api_response"]
@@ -500,7 +525,7 @@ def test_a_token_path_stream_from_a_generate_that_does_not_stream(
             chunks = list(
                 rollout.openai.chat.completions.create(
                     model="m", messages=[{"role": "user", "content": "hi"}], stream=True
-                )  # type: ignore[arg-type]
+                )
             )
             assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "all at once"
             assert [r["path"] for r in state.requests][1:] == [
@@ -549,13 +574,17 @@ def test_an_upstream_that_answers_any_path_is_passed_through(
             with GatewayClient(gw.url, KEY) as c:
                 c.register_models([Model(model="policy", endpoint=upstream.base_url, version=1)])
             rollout = Rollout(gw)
-            hi = [{"role": "user", "content": "hi"}]
             for _ in range(2):
-                answer = rollout.openai.chat.completions.create(model="m", messages=hi)  # type: ignore[arg-type]
+                answer = rollout.openai.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}]
+                )
                 assert answer.choices[0].message.content == "hello"
             assert rollout.openai.responses.create(model="m", input="hi").output_text == "hello"
-            message = rollout.anthropic.messages.create(model="m", max_tokens=16, messages=hi)  # type: ignore[arg-type]
-            assert message.content[0].text == "hello"  # type: ignore[union-attr]
+            message = rollout.anthropic.messages.create(
+                model="m", max_tokens=16, messages=[{"role": "user", "content": "hi"}]
+            )
+            block = message.content[0]
+            assert block.type == "text" and block.text == "hello"
             # render tried once, found not to be vLLM's; then every call passed through
             assert paths == ["/v1/chat/completions/render"] + ["/v1/chat/completions"] * 4
             events = rollout.events()
@@ -566,9 +595,10 @@ def test_an_upstream_that_answers_any_path_is_passed_through(
                 "responses",
                 "anthropic.messages",
             ]
+            assert gw.process.log_path is not None
             warnings = [
                 line for line in gw.process.log_path.read_text().splitlines() if "token_path_off" in line
-            ]  # type: ignore[union-attr]
+            ]
             assert len(warnings) == 1
             assert upstream.base_url in warnings[0] and "not vLLM's answer: no 'token_ids'" in warnings[0]
         finally:
@@ -667,12 +697,12 @@ def send_back_compact(messages: list[dict[str, Any]], message: dict[str, Any]) -
 
 
 def tool_loop_call(rollout: Rollout, messages: list[dict[str, Any]]) -> Any:
-    """One call of a chat tool loop that sends the model's tool calls back compact."""
+    """One call of a chat tool loop that sends the model's tool calls back compact (`messages`:
+    the JSON the SDK sends)."""
+    sent = cast(list[ChatCompletionMessageParam], messages)
     message = (
-        rollout.openai.chat.completions.create(model="m", messages=messages, tools=CHAT_TOOLS)
-        .choices[0]
-        .message
-    )  # type: ignore[arg-type]
+        rollout.openai.chat.completions.create(model="m", messages=sent, tools=CHAT_TOOLS).choices[0].message
+    )
     send_back_compact(messages, message.model_dump())
     return message
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -64,8 +65,11 @@ def test_a_replica_killed_twice_mid_batch_loses_nothing(tmp_path: Path, fake: Fa
     try:
 
         def chaos(done: Callable[[], int]) -> None:
+            def past(fraction: float) -> bool:
+                return done() >= N_ROLLOUTS * fraction
+
             for fraction in (0.25, 0.5):
-                until(lambda f=fraction: done() >= N_ROLLOUTS * f)
+                until(partial(past, fraction))
                 b.kill()
                 b.start()
             # The trainer pauses through A: the restarted B holds calls too; drained; resumed.

@@ -100,7 +100,7 @@ class _BrokenCheckpoints(sqlite3.Connection):
 
     fail_left = 3
 
-    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:  # type: ignore[override]
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
         if sql.startswith("PRAGMA wal_checkpoint") and _BrokenCheckpoints.fail_left > 0:
             _BrokenCheckpoints.fail_left -= 1
             raise sqlite3.OperationalError("disk I/O error")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -52,7 +53,7 @@ def rollout(rid: str, data_id: str | None = None, is_train: bool = True) -> Roll
     )
 
 
-def patch(**kw: object) -> RolloutStatusPatch:
+def patch(**kw: Any) -> RolloutStatusPatch:
     return RolloutStatusPatch(**kw)
 
 
@@ -107,7 +108,8 @@ async def test_queuing_cannot_jump_to_succeeded(store: Store) -> None:
     await store.create_rollouts([rollout("a")])
     with pytest.raises(IllegalTransition, match="queuing to succeeded"):
         await store.patch_rollout("a", patch(state="succeeded"), 1.0)
-    assert (await store.get_rollout("a")).status.version == 1  # type: ignore[union-attr]
+    stored = await store.get_rollout("a")
+    assert stored is not None and stored.status.version == 1
 
 
 async def test_terminal_cursor_is_completion_order(store: Store) -> None:
@@ -484,9 +486,12 @@ async def test_a_call_to_a_rollout_created_again_elsewhere_is_stored_whole_not_a
     for s in (a, b):
         await s.open()
     deliver = b._on_notify
-    b._on_notify = lambda conn, pid, channel, payload: (  # type: ignore[method-assign]  # B has not heard yet
-        None if " delete " in payload else deliver(conn, pid, channel, payload)
-    )
+
+    def not_heard_of_deletes(conn: Any, pid: int, channel: str, payload: str) -> None:  # B has not heard yet
+        if " delete " not in payload:
+            deliver(conn, pid, channel, payload)
+
+    monkeypatch.setattr(b, "_on_notify", not_heard_of_deletes)
     first, second, third = long_conversation(3, first=40, turn=5)
     try:
         await a.create_rollouts([Rollout(rollout_id="r", input={})])

@@ -5,9 +5,14 @@ GRPO groups have different rewards and every step really updates the policy."""
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import httpx
 import openai
+from openai.types.chat import ChatCompletionMessageParam
+
+if TYPE_CHECKING:
+    from anthropic.types import MessageParam
 
 
 def _client() -> openai.OpenAI:
@@ -28,7 +33,7 @@ def _reward(data: dict[str, object]) -> None:
 class TwoCallAgent:
     def run(self) -> None:
         client = _client()
-        messages = [{"role": "user", "content": os.environ["QUESTION"]}]
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": os.environ["QUESTION"]}]
         first = client.chat.completions.create(model="policy", messages=messages, max_tokens=6)
         content = first.choices[0].message.content or ""
         messages += [{"role": "assistant", "content": content}, {"role": "user", "content": "result: 4"}]
@@ -42,7 +47,7 @@ class TwoRoleAgent:
 
     def run(self) -> None:
         client = _client()
-        messages = [{"role": "user", "content": os.environ["QUESTION"]}]
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": os.environ["QUESTION"]}]
         first = client.chat.completions.create(model="planner", messages=messages, max_tokens=6)
         plan = first.choices[0].message.content or ""
         messages += [{"role": "assistant", "content": plan}, {"role": "user", "content": "now answer"}]
@@ -57,7 +62,7 @@ class NoRewardAgent:
     """Calls the model and ends well, but never reports a reward (a forgotten post, a wrong key)."""
 
     def run(self) -> None:
-        messages = [{"role": "user", "content": os.environ["QUESTION"]}]
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": os.environ["QUESTION"]}]
         _client().chat.completions.create(model="policy", messages=messages, max_tokens=4)
 
 
@@ -71,9 +76,9 @@ class MessagesAgent:
         client = anthropic.Anthropic(
             base_url=os.environ["AGL_ANTHROPIC_BASE_URL"], api_key=os.environ["AGL_KEY"], max_retries=10
         )
-        messages: list[dict[str, object]] = [{"role": "user", "content": os.environ["QUESTION"]}]
-        first = client.messages.create(model="policy", messages=messages, max_tokens=6)  # type: ignore[arg-type]
+        messages: list[MessageParam] = [{"role": "user", "content": os.environ["QUESTION"]}]
+        first = client.messages.create(model="policy", messages=messages, max_tokens=6)
         content = "".join(b.text for b in first.content if b.type == "text")
         messages += [{"role": "assistant", "content": content}, {"role": "user", "content": "result: 4"}]
-        client.messages.create(model="policy", messages=messages, max_tokens=6)  # type: ignore[arg-type]
+        client.messages.create(model="policy", messages=messages, max_tokens=6)
         _reward({"value": float(len(content) % 2)})

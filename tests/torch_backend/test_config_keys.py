@@ -24,34 +24,40 @@ from agentlightning.trainer.config import load_core_config
 PKG = Path(__file__).resolve().parents[2] / "agentlightning"
 
 
+def _mapping(cfg: Any) -> DictConfig:
+    """`cfg`, a config of keys (OmegaConf's loaders are typed for lists too)."""
+    assert isinstance(cfg, DictConfig), type(cfg)
+    return cfg
+
+
 def _train_yaml() -> DictConfig:
-    return OmegaConf.load(PKG / "config" / "train.yaml")  # type: ignore[return-value]
+    return _mapping(OmegaConf.load(PKG / "config" / "train.yaml"))
 
 
 def _shipped() -> dict[str, DictConfig]:
-    demo = OmegaConf.load(PKG / "config" / "demo.yaml")
-    verl = OmegaConf.load(PKG / "verl" / "config.yaml")
+    demo = _mapping(OmegaConf.load(PKG / "config" / "demo.yaml"))
+    verl = _mapping(OmegaConf.load(PKG / "verl" / "config.yaml"))
     for directive in ("hydra", "defaults"):  # Hydra's composition directives, not settings
         verl.pop(directive)
     return {
         "agl-train": _train_yaml(),
-        "agl-demo": OmegaConf.merge(_train_yaml(), demo.train),  # type: ignore[dict-item]
-        "verl": verl,  # type: ignore[dict-item]
+        "agl-demo": _mapping(OmegaConf.merge(_train_yaml(), demo.train)),
+        "verl": verl,
     }
 
 
 def _with(cfg: DictConfig, key: str, value: Any) -> DictConfig:
-    out = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    out = _mapping(OmegaConf.create(OmegaConf.to_container(cfg, resolve=False)))
     OmegaConf.update(out, key, value, force_add=True)
-    return out  # type: ignore[return-value]
+    return out
 
 
 def _without(cfg: DictConfig, key: str) -> DictConfig:
-    out = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    out = _mapping(OmegaConf.create(OmegaConf.to_container(cfg, resolve=False)))
     parent, _, leaf = key.rpartition(".")
     node = OmegaConf.select(out, parent) if parent else out
     node.pop(leaf)
-    return out  # type: ignore[return-value]
+    return out
 
 
 def _misspelt(key: str) -> str:

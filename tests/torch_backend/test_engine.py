@@ -117,7 +117,7 @@ def test_a_failing_forward_pass_fails_its_sequences_not_the_engine(engine: Torch
             raise RuntimeError("simulated device error")
         return real_forward(*args, **kwargs)
 
-    engine.model.forward = broken  # type: ignore[method-assign]
+    engine.model.forward = broken
     with pytest.raises(EngineError, match="simulated device error"):
         engine.generate([[1, 2]], SamplingParams(max_tokens=3))
     ok = engine.generate([[1, 2]], SamplingParams(max_tokens=3, ignore_eos=True))[0]

@@ -15,7 +15,7 @@ from agentlightning.torch_backend.lora import ADAPTER_DIR, LORA_KEY
 from agentlightning.torch_backend.trainer import run_ppo
 from agentlightning.trainer.checkpoint import latest_checkpoint, list_checkpoints, load_loop_state
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
-from tests.conftest import RunningGateway
+from tests.conftest import RunningGateway, trainer_key
 
 from .test_trainer import config, expected_ids, inputs_by_step, services
 
@@ -59,6 +59,6 @@ def test_a_lora_run_resumes_from_its_adapter_with_the_same_steps_versions_and_da
     assert (latest / ADAPTER_DIR / "adapter_model.safetensors").is_file()
     # Steps 1-2 (first run) and 3 (resumed) used the samples an uninterrupted run would have.
     by_step: dict[int, list[str]] = {}
-    for run_id in {r.metadata.run_id for r in client.list_rollouts(limit=1000)}:
+    for run_id in {trainer_key(r, "run_id") for r in client.list_rollouts(limit=1000)}:
         by_step.update(inputs_by_step(client, run_id))
     assert by_step == expected_ids(train, 3)

@@ -16,7 +16,7 @@ from agentlightning.torch_backend.checkpoint import load_policy_state
 from agentlightning.torch_backend.trainer import TorchTrainer, run_ppo
 from agentlightning.trainer.checkpoint import latest_checkpoint, list_checkpoints, load_loop_state
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
-from tests.conftest import RunningGateway
+from tests.conftest import RunningGateway, trainer_key
 
 from .test_trainer import BATCH, N, config, expected_ids, inputs_by_step, services
 
@@ -77,7 +77,7 @@ def test_two_policies_train_publish_and_resume_like_an_uninterrupted_run(
         assert load_policy_state(latest / "policies" / role)["policy"]["steps"] == 3
     # Steps 1-2 (first run) and 3 (resumed) used the samples an uninterrupted run would have.
     by_step: dict[int, list[str]] = {}
-    for run_id in {r.metadata.run_id for r in client.list_rollouts(limit=1000)}:
+    for run_id in {trainer_key(r, "run_id") for r in client.list_rollouts(limit=1000)}:
         by_step.update(inputs_by_step(client, run_id))
     assert by_step == expected_ids(train, 3)
 

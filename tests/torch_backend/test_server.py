@@ -5,12 +5,17 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
 import torch
 from openai import AsyncOpenAI, BadRequestError, NotFoundError, OpenAI
+from openai.types.chat import (
+    ChatCompletionMessageParam,
+    ChatCompletionMessageToolCallParam,
+    ChatCompletionToolParam,
+)
 
 from agentlightning.demo.task import TOOLS
 from agentlightning.server.triplet import model_request_triplet
@@ -18,6 +23,11 @@ from agentlightning.torch_backend.engine import TorchEngine
 from agentlightning.torch_backend.openai_backend import VERSION_HEADER, InferenceServer
 
 from .tiny import QUESTION, TOOL_CALL_TEXT, fresh_copy
+
+# The demo's TOOLS, as the OpenAI SDK's type.
+CHAT_TOOLS: list[ChatCompletionToolParam] = [
+    {"type": "function", "function": tool["function"]} for tool in TOOLS
+]
 
 pytestmark = pytest.mark.timeout(600)  # a hang guard, not a speed test: machines may be busy
 
@@ -217,11 +227,11 @@ async def test_openai_sdk_streams_and_assembles(server: InferenceServer) -> None
 def test_tool_call_round_trip_reproduces_the_first_calls_tokens(tool_server: InferenceServer) -> None:
     """A Hermes tool call comes back as OpenAI tool_calls; re-rendering it gives the same ids."""
     client = OpenAI(base_url=tool_server.base_url, api_key="x", max_retries=0)
-    messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": QUESTION}]
     first = client.chat.completions.create(
         model="policy",
         messages=messages,
-        tools=TOOLS,
+        tools=CHAT_TOOLS,
         temperature=0,
         max_tokens=96,
         extra_body={"return_token_ids": True},
@@ -229,7 +239,7 @@ def test_tool_call_round_trip_reproduces_the_first_calls_tokens(tool_server: Inf
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content is None
-    (call,) = choice.message.tool_calls
+    (call,) = choice.message.tool_calls or []
     assert call.type == "function" and call.function.name == "calculator"
     assert json.loads(call.function.arguments) == {"expression": "7+5"}
     extra = first.model_extra or {}
@@ -237,13 +247,17 @@ def test_tool_call_round_trip_reproduces_the_first_calls_tokens(tool_server: Inf
     tok = tool_server.engine.tokenizer
     assert tok.decode(response1, skip_special_tokens=False) == TOOL_CALL_TEXT + "<|im_end|>"
     messages += [
-        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [cast(ChatCompletionMessageToolCallParam, call.model_dump())],
+        },
         {"role": "tool", "tool_call_id": call.id, "content": "12"},
     ]
     second = client.chat.completions.create(
         model="policy",
         messages=messages,
-        tools=TOOLS,
+        tools=CHAT_TOOLS,
         temperature=0,
         max_tokens=32,
         extra_body={"return_token_ids": True},
@@ -260,18 +274,20 @@ def test_streamed_tool_call_is_assembled_by_the_sdk(tool_server: InferenceServer
     stream = client.chat.completions.create(
         model="policy",
         messages=[{"role": "user", "content": QUESTION}],
-        tools=TOOLS,
+        tools=CHAT_TOOLS,
         temperature=0,
         max_tokens=96,
         stream=True,
         extra_body={"return_token_ids": True},
     )
-    content, calls, finish, ids = "", {}, None, []
+    content, finish, ids = "", None, []
+    calls: dict[int, dict[str, str]] = {}
     for chunk in stream:
         for c in chunk.choices:
             content += c.delta.content or ""
             ids += (c.model_extra or {}).get("token_ids", [])
             for tc in c.delta.tool_calls or []:
+                assert tc.function is not None
                 calls.setdefault(tc.index, {"name": "", "arguments": ""})
                 calls[tc.index]["name"] += tc.function.name or ""
                 calls[tc.index]["arguments"] += tc.function.arguments or ""
@@ -400,7 +416,10 @@ def test_bad_requests_get_clear_4xx(server: InferenceServer) -> None:
         client.completions.create(model="policy", prompt="x", temperature=-1)
     with pytest.raises(BadRequestError, match="tool_choice"):
         client.chat.completions.create(
-            model="policy", messages=[{"role": "user", "content": "x"}], tools=TOOLS, tool_choice="required"
+            model="policy",
+            messages=[{"role": "user", "content": "x"}],
+            tools=CHAT_TOOLS,
+            tool_choice="required",
         )
     with pytest.raises(BadRequestError, match="presence_penalty"):
         client.completions.create(model="policy", prompt="x", presence_penalty=0.5)
@@ -421,7 +440,7 @@ def test_a_client_that_goes_away_frees_its_rows(tiny_model: Any, tokenizer: Any)
         time.sleep(0.005)  # 480 tokens now take at least 2.4 s
         return real_forward(*args, **kwargs)
 
-    engine.model.forward = slow  # type: ignore[method-assign]
+    engine.model.forward = slow
     server = InferenceServer(engine, "policy").start()
     try:
         body = {"model": "policy", "prompt": "x", "max_tokens": 480, "ignore_eos": True}

@@ -51,7 +51,7 @@ CALC_TOOL = {
     "type": "function",
     "function": {"name": "calculator", "parameters": {"properties": {"expression": {"type": "string"}}}},
 }
-TOOL_CHAT = {
+TOOL_CHAT: dict[str, list[dict[str, Any]]] = {
     "messages": [
         {"role": "user", "content": "2 plus 3?"},
         {

@@ -22,7 +22,8 @@ def stream(text: str, step: int) -> tuple[list[dict[str, Any]], bool]:
 
 
 def assemble(deltas: list[dict[str, Any]]) -> tuple[str, dict[int, dict[str, str]]]:
-    content, calls = "", {}
+    content = ""
+    calls: dict[int, dict[str, str]] = {}
     for d in deltas:
         content += d.get("content", "")
         for tc in d.get("tool_calls", []):

@@ -12,6 +12,7 @@ from typing import Any
 import openai
 import pytest
 import torch
+from openai.types.chat import ChatCompletionMessageParam
 
 from agentlightning.client import GatewayClient
 from agentlightning.schemas import Model, RolloutCreate
@@ -21,10 +22,12 @@ from tests.conftest import RunningGateway
 from .test_server import fresh_log_probs
 
 pytestmark = pytest.mark.timeout(600)  # a hang guard, not a speed test: machines may be busy
-QUESTION = [{"role": "user", "content": "Ann has 7 apples and gets 5 more. How many apples now?"}]
+QUESTION: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Ann has 7 apples and gets 5 more. How many apples now?"}
+]
 
 
-def question(n: int) -> list[dict[str, str]]:
+def question(n: int) -> list[ChatCompletionMessageParam]:
     return [{"role": "user", "content": f"Ann has {n} apples and gets 2 more. How many apples now?"}]
 
 

@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import httpx
 import pytest
@@ -33,7 +33,7 @@ from agentlightning.trainer.checkpoint import (
 from agentlightning.trainer.data import DataCursor
 from agentlightning.trainer.failures import AllRolloutsFailed
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
-from tests.conftest import RunningGateway
+from tests.conftest import RunningGateway, trainer_key
 from tests.controller.helpers import GATEWAY_OVERRIDES, REPO, start_controller
 
 AGENT = "tests.torch_backend.loop_agent:TwoCallAgent"
@@ -86,7 +86,12 @@ def inputs_by_step(client: GatewayClient, run_id: str | None = None) -> dict[int
     out: dict[int, dict[int, str]] = {}
     for rollout in client.list_rollouts(limit=1000):
         meta = rollout.metadata
-        if rollout.is_train and meta.index_in_group == 0 and run_id in (None, meta.run_id):
+        if (
+            rollout.is_train
+            and trainer_key(rollout, "index_in_group") == 0
+            and run_id in (None, trainer_key(rollout, "run_id"))
+        ):
+            assert meta.batch_idx is not None and meta.sample_idx_in_batch is not None
             out.setdefault(meta.batch_idx, {})[meta.sample_idx_in_batch] = rollout.input["id"]
     return {step: [ids[i] for i in sorted(ids)] for step, ids in out.items()}
 
@@ -178,7 +183,7 @@ def test_resume_after_a_crash_continues_step_count_and_data_order(
     assert (state["step"], state["data"]["position"]) == (4, 4 * BATCH)
     assert load_policy_state(latest)["policy"]["steps"] == 4
     # The resumed run's steps 3 and 4 used the samples an uninterrupted run would have used.
-    runs = {r.metadata.run_id for r in client.list_rollouts(limit=1000) if r.metadata.batch_idx == 4}
+    runs = {trainer_key(r, "run_id") for r in client.list_rollouts(limit=1000) if r.metadata.batch_idx == 4}
     assert len(runs) == 1
     expected = expected_ids(train, 4)
     assert inputs_by_step(client, runs.pop()) == {3: expected[3], 4: expected[4]}
@@ -188,7 +193,7 @@ class ScriptedValidation(TorchTrainer):
     """The torch trainer with its validation's `val/reward` read from a script (step -> value):
     the collapse guard's paths run on real weights, checkpoints and publishes, deterministically."""
 
-    script: ClassVar[dict[int, float]] = {}
+    script: dict[int, float]  # set by scripted()
 
     def _validate(self, manager: Any, tracker: Any, log_now: bool = True) -> dict[str, float]:
         metrics = {"val/reward": self.script[self.step]}

@@ -15,7 +15,7 @@ from agentlightning.schemas import RolloutState
 from agentlightning.trainer.advantage import rollout_advantages
 from agentlightning.trainer.batch import build_training_batch, collect_training_batch
 from agentlightning.trainer.collected import CollectedRollout
-from agentlightning.trainer.config import AdvEstimator, load_core_config
+from agentlightning.trainer.config import AdvEstimator, CoreConfig, load_core_config
 from agentlightning.trainer.shaping import set_loss_weights
 from agentlightning.trainer.staleness import rollout_staleness, split_stale_groups
 from tests.trainer.scripts import call_event, reward_event
@@ -99,7 +99,7 @@ def _rollout(group: str, idx: int, reward: float, versions: tuple[int, ...] = (0
     return CollectedRollout(f"{group}-{idx}", group, RolloutState.SUCCEEDED, events, index_in_group=idx)
 
 
-def _config(**extra: object) -> object:
+def _config(**extra: object) -> CoreConfig:
     cfg: dict = {
         "data": {"train_batch_size": 2},
         "actor_rollout_ref": {"rollout": {"n": 2}, "actor": {"ppo_mini_batch_size": 1}},

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentlightning.schemas import RolloutState
+from agentlightning.trainer.collected import CollectedRollout
 from agentlightning.trainer.collector import AsyncCollector, SyncCollector, make_collector
 from agentlightning.trainer.config import load_core_config
 from agentlightning.trainer.manager import Group, RolloutManager
@@ -111,7 +112,7 @@ class _FakeManager:
         self.config = config
         self._rng = random.Random(order_seed)
         self._submitted: list[str] = []
-        self._done: dict[str, object] = {}
+        self._done: dict[str, CollectedRollout] = {}
         self._seq: dict[str, int] = {}
         self._counter = 0
 
@@ -137,7 +138,8 @@ class _FakeManager:
             if not pending:
                 return False
             for rid in self._rng.sample(pending, min(len(pending), self._rng.randint(1, 3))):
-                self._done[rid] = rid
+                group_id = rid.rsplit("-", 1)[0]
+                self._done[rid] = CollectedRollout(rid, group_id, RolloutState.SUCCEEDED)
                 self._seq[rid] = len(self._seq)
         return True
 
@@ -167,8 +169,8 @@ def test_async_carry_over_keeps_groups_whole(seed, train_batch, extra, n):
     for step in range(4):
         rollouts, metrics = collector.collect(lambda k: [{}] * k, step)
         by_group: dict[str, list[str]] = {}
-        for rid in rollouts:
-            by_group.setdefault(rid.rsplit("-", 1)[0], []).append(rid)
+        for r in rollouts:
+            by_group.setdefault(r.group_id, []).append(r.rollout_id)
         assert len(by_group) == train_batch
         assert all(len(v) == n for v in by_group.values())  # whole groups only
         assert not set(by_group) & taken_groups  # each group handed out once
@@ -199,17 +201,16 @@ class _VersionedManager(_FakeManager):
         return groups
 
     def take(self, ids):
-        from agentlightning.trainer.collected import CollectedRollout
         from tests.trainer.scripts import call_event
 
         return [
             CollectedRollout(
-                rid,
-                rid.rsplit("-", 1)[0],
+                r.rollout_id,
+                r.group_id,
                 RolloutState.SUCCEEDED,
-                [call_event([1], [2], [0.0], self._version[rid])],
+                [call_event([1], [2], [0.0], self._version[r.rollout_id])],
             )
-            for rid in super().take(ids)
+            for r in super().take(ids)
         ]
 
 

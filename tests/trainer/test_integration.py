@@ -12,11 +12,12 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 from agentlightning.client import GatewayClient
 from agentlightning.rewards import to_float32
@@ -43,7 +44,7 @@ pytestmark = pytest.mark.process  # whole processes, waited on: not in `make tes
 
 KEY = "integration-key"
 SYSTEM = {"role": "system", "content": "use the tools"}
-TOOLS = [
+TOOLS: list[ChatCompletionToolParam] = [
     {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
     for name in ("calc", "verify")
 ]
@@ -81,9 +82,8 @@ def run_agent(gw: RunningGateway, rollout: Rollout, attempt_id: str, log: dict[s
     calls: list[list[dict[str, Any]]] = []
     for _ in range(5):
         calls.append(list(messages))
-        message = (
-            llm.chat.completions.create(model="gpt-4o", messages=messages, tools=TOOLS).choices[0].message
-        )
+        sent = cast(list[ChatCompletionMessageParam], messages)  # the JSON the SDK sends
+        message = llm.chat.completions.create(model="gpt-4o", messages=sent, tools=TOOLS).choices[0].message
         assistant: dict[str, Any] = {"role": "assistant", "content": message.content or ""}
         if message.tool_calls:
             assistant["tool_calls"] = [c.model_dump() for c in message.tool_calls]
@@ -91,6 +91,7 @@ def run_agent(gw: RunningGateway, rollout: Rollout, attempt_id: str, log: dict[s
         if not message.tool_calls:
             break
         for call in message.tool_calls:
+            assert call.type == "function"
             args = json.loads(call.function.arguments)
             output = (
                 f"result={_calc(args['expr'])}"

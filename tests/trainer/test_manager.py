@@ -16,6 +16,7 @@ from agentlightning.schemas import RolloutState
 from agentlightning.trainer.batch import build_training_batch
 from agentlightning.trainer.config import load_core_config
 from agentlightning.trainer.manager import RolloutManager
+from tests.conftest import trainer_key
 from tests.trainer.driver import Driver, finish, raw_call, two_turn_calls
 
 
@@ -71,9 +72,10 @@ def test_submit_creates_groups_with_ids_metadata_and_rollout_config(gateway, tmp
                 r = stored[rid]
                 assert r.metadata.data_id == g.group_id
                 assert (r.metadata.batch_idx, r.metadata.sample_idx_in_batch) == (7, g.sample_idx)
-                assert r.metadata.model_extra["index_in_group"] == j
+                assert trainer_key(r, "index_in_group") == j
                 assert r.input == [{"question": "1+1"}, {"question": "2+2"}][g.sample_idx]
                 assert r.config.timeout_seconds == 42
+                assert r.config.local is not None and r.config.k8s is not None
                 assert r.config.local.agent_class == "my.agents:Solver"
                 assert r.config.local.env_map == {"QUESTION": "input.question"}
                 assert r.config.k8s.job_template == "apiVersion: batch/v1\nkind: Job\n"
@@ -197,8 +199,8 @@ def test_lost_rollout_messages_say_why(gateway):
         got = {r.rollout_id: r for r in manager.take([running, queued])}
         messages = {rid: manager.client.get_rollout(rid).rollout.status.error_message for rid in got}
         lost_attempt = manager.client.get_rollout(running).attempt_details
-    assert "running for over 1s" in messages[running]
-    assert "no rollout finished" in messages[queued]
+    assert "running for over 1s" in (messages[running] or "")
+    assert "no rollout finished" in (messages[queued] or "")
     assert all(r.error_message == messages[r.rollout_id] for r in got.values())
     # recorded as the trainer's evidence (docs/reliability.md), for the attempt it gave up on
     assert all(r.outcome == "lost" for r in got.values())

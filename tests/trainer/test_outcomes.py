@@ -275,7 +275,7 @@ def test_the_loop_refuses_a_bad_rule_before_anything_starts() -> None:
             raise AssertionError(f"the backend was used ({name}) before the config was checked")
 
     with pytest.raises(ConfigError, match=r"agentlightning\.outcomes\.sandbox_lost"):
-        TrainingLoop(cfg, settings, NeverStarted(), train_dataset=[{"q": 1}])  # type: ignore[arg-type]
+        TrainingLoop(cfg, settings, NeverStarted(), train_dataset=[{"q": 1}])
 
 
 def test_a_validation_measures_the_policy_not_the_infrastructure() -> None:

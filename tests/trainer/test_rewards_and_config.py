@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
+from agentlightning.aggregation import AggregationLevel
 from agentlightning.config.schema import ConfigError
 from agentlightning.rewards import last_reward, reward_value, to_float32
 from agentlightning.trainer.config import (
     AdvEstimator,
-    AggregationLevel,
     FailedRolloutPolicy,
     core_config_keys,
     load_core_config,
@@ -31,6 +31,7 @@ def test_no_reward_is_none():
 
 def test_rewards_are_float32_not_bfloat16():
     value = last_reward([reward_event(0.7)])
+    assert value is not None
     assert value == struct.unpack("<f", struct.pack("<f", 0.7))[0]
     assert value != 0.69921875  # what a bfloat16 round trip (v1.0) gives
     assert abs(value - 0.7) < 1e-7

@@ -16,7 +16,7 @@ from agentlightning.server.triplet import to_triplet
 from agentlightning.trainer.advantage import step_advantages, step_returns
 from agentlightning.trainer.batch import build_training_batch
 from agentlightning.trainer.collected import CollectedRollout
-from agentlightning.trainer.config import load_core_config
+from agentlightning.trainer.config import CoreConfig, load_core_config
 from tests.trainer.scripts import call_event, reward_event
 
 
@@ -38,7 +38,7 @@ def _rollout(group: str, idx: int, outcome: float, step_rewards: dict[int, float
     return CollectedRollout(f"{group}-{idx}", group, RolloutState.SUCCEEDED, events, index_in_group=idx)
 
 
-def _config(**agl: object) -> object:
+def _config(**agl: object) -> CoreConfig:
     return load_core_config(
         {
             "data": {"train_batch_size": 1},

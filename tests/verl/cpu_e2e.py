@@ -129,6 +129,7 @@ def _setup(config_path: str) -> tuple[DictConfig, Callable[[DictConfig, int], An
     from agentlightning.verl.config import compose_config
 
     user = OmegaConf.load(config_path)
+    assert isinstance(user, DictConfig)
     # recompute: the actor's own log-probs as old log-probs, and their gap to vLLM's as a metric
     cfg = compose_config(
         user, [*CPU_ACTOR_OVERRIDES, "actor_rollout_ref.actor.old_log_prob_source=recompute"]

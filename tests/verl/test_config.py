@@ -10,7 +10,7 @@ from .conftest import SKIP_REASON
 
 pytest.importorskip("verl", reason=SKIP_REASON)
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from agentlightning.config.schema import ConfigError
 from agentlightning.trainer.config import core_config_keys
@@ -21,12 +21,19 @@ REPO = Path(__file__).resolve().parents[2]
 MODEL = "actor_rollout_ref.model.path=/models/tiny"
 
 
+def load_config(name: str) -> DictConfig:
+    """One of the package's YAML configs (agentlightning/config/NAME.yaml)."""
+    cfg = OmegaConf.load(REPO / "agentlightning" / "config" / f"{name}.yaml")
+    assert isinstance(cfg, DictConfig)
+    return cfg
+
+
 @pytest.fixture(scope="module")
-def base() -> object:
+def base() -> DictConfig:
     return compose_config(overrides=[MODEL])
 
 
-def test_verl_defaults_and_our_keys_compose_and_validate(base: object) -> None:
+def test_verl_defaults_and_our_keys_compose_and_validate(base: DictConfig) -> None:
     cfg = compose_config(overrides=[MODEL, "data.train_batch_size=4", "agentlightning.model_name=qwen"])
     settings, ours, view = validate(cfg)
     core = settings.core
@@ -46,7 +53,7 @@ def test_verl_defaults_and_our_keys_compose_and_validate(base: object) -> None:
     assert "old_log_prob_source" not in view.actor_rollout_ref.actor
 
 
-def test_every_core_key_is_in_the_packaged_config(base: object) -> None:
+def test_every_core_key_is_in_the_packaged_config(base: DictConfig) -> None:
     for key in core_config_keys():
         if key.startswith("agentlightning."):
             continue  # the block is optional; its schema has the defaults
@@ -54,7 +61,7 @@ def test_every_core_key_is_in_the_packaged_config(base: object) -> None:
 
 
 def test_a_torch_backend_config_drives_the_verl_backend_too() -> None:
-    torch_cfg = OmegaConf.load(REPO / "agentlightning" / "config" / "train.yaml")
+    torch_cfg = load_config("train")
     cfg = compose_config(torch_cfg, [MODEL, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"])
     settings, ours, view = validate(cfg)
     core = settings.core
@@ -153,14 +160,14 @@ def test_the_version_check_names_the_supported_release() -> None:
         check_verl_version("")
 
 
-def test_verl_view_is_a_copy(base: object) -> None:
-    view = verl_view(base)  # type: ignore[arg-type]
+def test_verl_view_is_a_copy(base: DictConfig) -> None:
+    view = verl_view(base)
     view.actor_rollout_ref.actor.ppo_epochs = 7
-    assert base.actor_rollout_ref.actor.ppo_epochs != 7  # type: ignore[attr-defined]
+    assert base.actor_rollout_ref.actor.ppo_epochs != 7
 
 
-def test_router_replay_mode_is_read_where_verl_reads_it(base: object) -> None:
-    view = verl_view(base)  # type: ignore[arg-type]
+def test_router_replay_mode_is_read_where_verl_reads_it(base: DictConfig) -> None:
+    view = verl_view(base)
     assert router_replay_mode(view) == "disabled"  # fsdp: verl has no router replay there
     for strategy in ("megatron", "veomni"):
         cfg = compose_config(
@@ -197,10 +204,11 @@ def test_loss_agg_modes_are_the_core_weights_and_verl_sums_them(agg: str) -> Non
 def test_every_key_of_the_torch_configs_is_read_or_at_its_torch_default(shipped: str) -> None:
     """agl-train's and agl-demo's configs drive the verl backend: verl reads each key, or the key
     is the torch backend's at its default (it asks for nothing); any other value fails."""
-    torch_cfg = OmegaConf.load(REPO / "agentlightning" / "config" / "train.yaml")
+    torch_cfg = load_config("train")
     if shipped == "demo":
-        demo = OmegaConf.load(REPO / "agentlightning" / "config" / "demo.yaml")
-        torch_cfg = OmegaConf.merge(torch_cfg, demo.train)
+        merged = OmegaConf.merge(torch_cfg, load_config("demo").train)
+        assert isinstance(merged, DictConfig)
+        torch_cfg = merged
     validate(compose_config(torch_cfg, [MODEL, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"]))
 
 

@@ -24,14 +24,14 @@ from agentlightning.trainer.checkpoint import (
 )
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
 from agentlightning.verl.backend import ACTOR_DIR, VerlTrainer
-from tests.conftest import RunningGateway
+from tests.conftest import RunningGateway, trainer_key
 from tests.trainer.driver import Driver, two_turn_calls
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def plan(rollout: Rollout) -> tuple[list[dict[str, Any]], float, RolloutState]:
-    index = rollout.metadata.index_in_group or 0
+    index = trainer_key(rollout, "index_in_group") or 0
     return two_turn_calls(seed=index), float(index % 2), RolloutState.SUCCEEDED
 
 

@@ -66,12 +66,12 @@ def verl_loss(
             tu.assign_non_tensor(td, dp_size=dp_size, batch_num_tokens=n_tokens, global_batch_size=len(batch))
             pieces = []
             for k, i in enumerate(sources[start : start + micro]):
-                row = rows[i] if i is not None else None
                 seq_len = int(td["input_ids"][k].shape[0])
                 # log_probs[t] is the log-prob of token t+1 (verl's left shift)
-                if row is None:
+                if i is None:
                     pieces.append(torch.zeros(seq_len))
                     continue
+                row = rows[i]
                 p = len(row.prompt_ids)
                 pieces.append(torch.cat([torch.zeros(p - 1), current(i, row), torch.zeros(1)]))
             values = torch.cat(pieces)
@@ -167,7 +167,9 @@ def model_log_probs(model: Any, row: TrainingRow) -> torch.Tensor:
 @pytest.mark.parametrize(("dp_size", "micro"), [(1, 2), (2, 1)])
 def test_verl_loss_equals_the_torch_backends_policy_loss(actor_config: Any, dp_size: int, micro: int) -> None:
     torch.manual_seed(3)
-    hf = Qwen2Config(  # a tiny random Qwen2 (vocabulary of the test rows), built here
+    # A tiny random Qwen2 (vocabulary of the test rows), built here. transformers 5 types the
+    # config's __init__ without the attn_implementation it accepts.
+    hf = Qwen2Config(  # type: ignore[call-arg]
         vocab_size=64,
         hidden_size=32,
         intermediate_size=64,

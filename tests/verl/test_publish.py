@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -152,7 +153,7 @@ def test_publish_order_and_no_agent_call_fails(gateway: RunningGateway, setup: A
             trainer.join(timeout=120)
             assert not failure, failure
             assert client.proxy_state().paused  # still paused: the GPUs trained, replicas asleep
-            manager.update_weights(lambda v=version: backend.publish(v), version)
+            manager.update_weights(partial(backend.publish, version), version)
             assert not client.proxy_state().paused
             seen = sum(agents.ok)
             agents.wait_calls(seen + 20)  # agents go on, served by the new weights
@@ -195,7 +196,7 @@ def test_a_failed_update_resumes_the_gateway(setup: Any) -> None:
     def boom(batch: Any) -> dict[str, float]:
         raise RuntimeError("CUDA out of memory (stand-in)")
 
-    workers.update = boom  # type: ignore[method-assign]
+    workers.update = boom
     with pytest.raises(RuntimeError, match="out of memory"):
         backend.update(TrainingBatch(make_rows(0, n_groups=1, group_size=2), groups_per_minibatch=1))
     assert not client.proxy_state().paused

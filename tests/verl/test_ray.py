@@ -17,7 +17,7 @@ from .conftest import REPO, SKIP_REASON
 pytest.importorskip("verl", reason=SKIP_REASON)
 
 import ray
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from agentlightning.tiny_model import build_tiny, save_tiny
 from agentlightning.verl.config import compose_config, validate
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
-def view(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+def view(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DictConfig]:
     tmp = tmp_path_factory.mktemp("ray")
     short = Path("/tmp") / f"agl-ray-{os.getpid()}"  # Ray's socket paths must stay short
     short.symlink_to(tmp)
@@ -57,17 +57,18 @@ def view(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         short.unlink()
 
 
-def test_the_runtime_env_carries_the_loss_hook(view: object) -> None:
-    env = ray_runtime_env(view)  # type: ignore[arg-type]
+def test_the_runtime_env_carries_the_loss_hook(view: DictConfig) -> None:
+    env = ray_runtime_env(view)
     assert env["worker_process_setup_hook"] == LOSS_HOOK
     assert env["env_vars"]["PYTHONPATH"] == str(REPO)
-    bad = OmegaConf.create(OmegaConf.to_container(view))  # type: ignore[arg-type]
+    bad = OmegaConf.create(OmegaConf.to_container(view))
+    assert isinstance(bad, DictConfig)
     OmegaConf.update(bad, "ray_kwargs.ray_init.runtime_env.worker_process_setup_hook", "x.y", merge=True)
     with pytest.raises(ValueError, match="worker_process_setup_hook"):
         ray_runtime_env(bad)
 
 
-def test_every_verl_worker_process_has_the_loss(view: object) -> None:
+def test_every_verl_worker_process_has_the_loss(view: DictConfig) -> None:
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
     from .ray_worker import LossProbe
@@ -87,8 +88,8 @@ def test_every_verl_worker_process_has_the_loss(view: object) -> None:
     assert all(a["loss"] == "agentlightning.verl.loss.per_rollout_mean_loss" for a in answers)
 
 
-def test_the_verl_workers_set_up_runs_to_the_gpu_check(view: object) -> None:
-    workers = VerlWorkers(view, total_optimizer_steps=4)  # type: ignore[arg-type]
+def test_the_verl_workers_set_up_runs_to_the_gpu_check(view: DictConfig) -> None:
+    workers = VerlWorkers(view, total_optimizer_steps=4)
     # verl's own role mapping, resource pools and trainer (as a builder) run; on CPU the placement
     # of the FSDP + vLLM workers is where it stops: no GPU to place them on.
     with pytest.raises(ValueError, match=r"available GPUs 0 is less than total desired GPUs 2"):

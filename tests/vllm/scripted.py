@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from openai.types.chat import ChatCompletionToolParam
 
 from agentlightning.demo.task import TOOLS
 from agentlightning.tiny_model import TinyModelConfig, build_model, build_tokenizer, save_tiny
@@ -35,6 +36,10 @@ QUESTION = "Ann has 7 apples and gets 5 more, then doubles them. How many apples
 # (arguments of each tool call, the tool's answer); then the final answer.
 TOOL_TURNS = [({"expression": "7+5"}, "12"), ({"expression": "12*2"}, "24")]
 FINAL_ANSWER = "Ann has 24 apples now."
+# The demo's TOOLS, as the OpenAI SDK's type.
+CHAT_TOOLS: list[ChatCompletionToolParam] = [
+    {"type": "function", "function": tool["function"]} for tool in TOOLS
+]
 
 
 def tool_call_message(arguments: dict[str, str], call_id: str) -> dict[str, Any]:

@@ -14,12 +14,15 @@ import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anthropic
 import httpx
 import openai
 import pytest
+from anthropic.types import ContentBlockParam, Message, MessageParam, ToolParam
+from openai.types.chat import ChatCompletionMessage, ChatCompletionMessageParam
+from openai.types.responses import FunctionToolParam, Response
 
 from agentlightning.aggregation import AggregationStats, aggregate_rollout
 from agentlightning.client import GatewayClient
@@ -32,17 +35,34 @@ from tests.server.test_proxy import wait_for
 
 from .compact import save_compact_weights
 from .conftest import SERVED_NAME, ScriptedVLLM
-from .scripted import FINAL_ANSWER, QUESTION, TOOL_TURNS
+from .scripted import CHAT_TOOLS, FINAL_ANSWER, QUESTION, TOOL_TURNS
 
 pytestmark = pytest.mark.timeout(900)
 KEY = "apis-key"
 GREEDY = ("default_proxy.train.temperature=0.0",)  # train mode (log-probs recorded), greedy: on script
 FUNCTION = TOOLS[0]["function"]
-RESPONSES_TOOLS = [{"type": "function", **FUNCTION}]
-ANTHROPIC_TOOLS = [
+# The SDK's type requires `strict`, which the API defaults.
+RESPONSES_TOOLS: list[FunctionToolParam] = [
+    {  # type: ignore[typeddict-item]
+        "type": "function",
+        "name": FUNCTION["name"],
+        "description": FUNCTION["description"],
+        "parameters": FUNCTION["parameters"],
+    }
+]
+ANTHROPIC_TOOLS: list[ToolParam] = [
     {"name": FUNCTION["name"], "description": FUNCTION["description"], "input_schema": FUNCTION["parameters"]}
 ]
 EXAMPLES_PYTHON = Path(".venv-examples/bin/python")
+
+
+def function_calls(message: ChatCompletionMessage) -> list[tuple[str, str]]:
+    """(name, arguments) of each of the message's tool calls, all function calls."""
+    calls = []
+    for call in message.tool_calls or []:
+        assert call.type == "function", call
+        calls.append((call.function.name, call.function.arguments))
+    return calls
 
 
 def calculate(arguments: dict[str, Any]) -> str:
@@ -145,6 +165,7 @@ def responses_loop(rollout: Rollout, stream_last: bool = False) -> str:
     """The scripted tool loop through `responses.create` (and `responses.stream` for the last call)."""
     items: list[Any] = [{"role": "user", "content": QUESTION}]
     for turn in range(len(TOOL_TURNS) + 1):
+        response: Response
         if stream_last and turn == len(TOOL_TURNS):
             with rollout.openai.responses.stream(model="m", input=items, tools=RESPONSES_TOOLS) as stream:
                 response = stream.get_final_response()
@@ -173,27 +194,31 @@ def responses_loop(rollout: Rollout, stream_last: bool = False) -> str:
 
 
 def anthropic_loop(rollout: Rollout, stream_last: bool = False, max_tokens: int = 200) -> str:
-    messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+    messages: list[MessageParam] = [{"role": "user", "content": QUESTION}]
     for turn in range(len(TOOL_TURNS) + 1):
-        kwargs = {"model": "m", "max_tokens": max_tokens, "messages": messages, "tools": ANTHROPIC_TOOLS}
-        kwargs["timeout"] = 300  # the SDK refuses a non-streamed call whose max_tokens may take long
+        # timeout: the SDK refuses a non-streamed call whose max_tokens may take long
+        message: Message
         if stream_last and turn == len(TOOL_TURNS):
-            with rollout.anthropic.messages.stream(**kwargs) as stream:  # type: ignore[arg-type]
+            with rollout.anthropic.messages.stream(
+                model="m", max_tokens=max_tokens, messages=messages, tools=ANTHROPIC_TOOLS, timeout=300
+            ) as stream:
                 message = stream.get_final_message()
         else:
-            message = rollout.anthropic.messages.create(**kwargs)  # type: ignore[arg-type]
+            message = rollout.anthropic.messages.create(
+                model="m", max_tokens=max_tokens, messages=messages, tools=ANTHROPIC_TOOLS, timeout=300
+            )
         uses = [block for block in message.content if block.type == "tool_use"]
         if not uses:
             assert message.stop_reason == "end_turn"
             return "".join(block.text for block in message.content if block.type == "text")
         assert message.stop_reason == "tool_use"
-        messages.append({"role": "assistant", "content": [block.model_dump() for block in message.content]})
+        content = [block.model_dump() for block in message.content]
+        messages.append({"role": "assistant", "content": cast(list[ContentBlockParam], content)})
         messages.append(
             {
                 "role": "user",
                 "content": [
-                    {"type": "tool_result", "tool_use_id": u.id, "content": calculate(u.input)}  # type: ignore[arg-type]
-                    for u in uses
+                    {"type": "tool_result", "tool_use_id": u.id, "content": calculate(u.input)} for u in uses
                 ],
             }
         )
@@ -202,11 +227,13 @@ def anthropic_loop(rollout: Rollout, stream_last: bool = False, max_tokens: int 
 
 def chat_loop(rollout: Rollout, stream_last: bool = False) -> str:
     """The scripted tool loop through `chat.completions.create` (streamed for the last call)."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": QUESTION}]
     for turn in range(len(TOOL_TURNS) + 1):
         if stream_last and turn == len(TOOL_TURNS):
             chunks = list(
-                rollout.openai.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=True)  # type: ignore[arg-type]
+                rollout.openai.chat.completions.create(
+                    model="m", messages=messages, tools=CHAT_TOOLS, stream=True
+                )
             )
             extras = [c.choices[0].model_extra or {} for c in chunks if c.choices]
             ids = [t for extra in extras for t in extra.get("token_ids") or []]
@@ -215,13 +242,14 @@ def chat_loop(rollout: Rollout, stream_last: bool = False) -> str:
             assert extras and all(extra.get("token_ids") is not None for extra in extras)
             assert rollout.events()[-1]["response"]["choices"][0]["token_ids"] == ids
             return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        answer = rollout.openai.chat.completions.create(model="m", messages=messages, tools=TOOLS)  # type: ignore[arg-type]
+        answer = rollout.openai.chat.completions.create(model="m", messages=messages, tools=CHAT_TOOLS)
         message = answer.choices[0].message
         if not message.tool_calls:
             return message.content or ""
-        messages.append(message.model_dump(exclude_none=True))
+        messages.append(cast(ChatCompletionMessageParam, message.model_dump(exclude_none=True)))
         for call in message.tool_calls:
-            arguments = json.loads(call.function.arguments)  # type: ignore[union-attr]
+            assert call.type == "function"
+            arguments = json.loads(call.function.arguments)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": calculate(arguments)})
     raise AssertionError("the model did not stop calling tools")
 
@@ -297,7 +325,7 @@ def test_a_long_token_path_stream_from_vllm_is_its_record_and_an_agent_can_leave
 
     left = Rollout(gateways["exact"])
     stream = long_answer(left, 512)
-    sent = next(ids for c in stream if (ids := token_ids(c)))
+    sent = next(got for c in stream if (got := token_ids(c)))
     stream.close()  # the agent leaves after its first chunk
     assert wait_for(lambda: len(left.events()) == 1)
     (event,) = left.events()
@@ -412,28 +440,30 @@ def test_a_compacted_history_is_a_new_segment_with_its_reason(
     gateways: dict[str, RunningGateway], vllm_server: ScriptedVLLM
 ) -> None:
     rollout = Rollout(gateways["exact"])
-    messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": QUESTION}]
     for arguments, result in TOOL_TURNS:
         message = (
-            rollout.openai.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+            rollout.openai.chat.completions.create(model="m", messages=messages, tools=CHAT_TOOLS)
             .choices[0]
             .message
-        )  # type: ignore[arg-type]
+        )
         (call,) = message.tool_calls or []
-        assert json.loads(call.function.arguments) == arguments  # type: ignore[union-attr]
+        assert call.type == "function" and json.loads(call.function.arguments) == arguments
         messages += [
-            message.model_dump(exclude_none=True),
+            cast(ChatCompletionMessageParam, message.model_dump(exclude_none=True)),
             {"role": "tool", "tool_call_id": call.id, "content": result},
         ]
     assert (
-        rollout.openai.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+        rollout.openai.chat.completions.create(model="m", messages=messages, tools=CHAT_TOOLS)
         .choices[0]
         .message.content
         == FINAL_ANSWER
-    )  # type: ignore[arg-type]
+    )
     # The agent summarizes its history and goes on from the summary.
-    summary = [{"role": "user", "content": f"{QUESTION} (So far: 7+5 is 12 and 12*2 is 24.)"}]
-    rollout.openai.chat.completions.create(model="m", messages=summary, tools=TOOLS, max_tokens=16)  # type: ignore[arg-type]
+    summary: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": f"{QUESTION} (So far: 7+5 is 12 and 12*2 is 24.)"}
+    ]
+    rollout.openai.chat.completions.create(model="m", messages=summary, tools=CHAT_TOOLS, max_tokens=16)
     events = rollout.events()
     assert [e["segment"]["continues"] for e in events] == [False, True, True, False]
     assert events[3]["segment"]["break"]["reason"] == "history_shortened"
@@ -452,23 +482,15 @@ def test_derender_parses_what_chat_parses(
 ) -> None:
     """The token-exact answer reads like vLLM's own chat answer to the same request."""
     rollout = Rollout(gateways["exact"])
-    body = {
-        "model": "m",
-        "messages": [{"role": "user", "content": QUESTION}],
-        "tools": TOOLS,
-        "temperature": 0,
-    }
-    ours = rollout.openai.chat.completions.create(**body).choices[0]  # type: ignore[arg-type]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": QUESTION}]
+    ours = rollout.openai.chat.completions.create(
+        model="m", messages=messages, tools=CHAT_TOOLS, temperature=0
+    ).choices[0]
     direct = (
         openai.OpenAI(base_url=vllm_server.endpoint, api_key="x", max_retries=0)
-        .chat.completions.create(
-            **{**body, "model": SERVED_NAME}  # type: ignore[arg-type]
-        )
+        .chat.completions.create(model=SERVED_NAME, messages=messages, tools=CHAT_TOOLS, temperature=0)
         .choices[0]
     )
     assert ours.finish_reason == direct.finish_reason == "tool_calls"
     assert ours.message.content == direct.message.content
-    assert [(c.function.name, c.function.arguments) for c in ours.message.tool_calls or []] == [  # type: ignore[union-attr]
-        (c.function.name, c.function.arguments)
-        for c in direct.message.tool_calls or []  # type: ignore[union-attr]
-    ]
+    assert function_calls(ours.message) == function_calls(direct.message)

@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
+from pydantic import BaseModel
 
 from agentlightning.client import GatewayClient
 from agentlightning.demo.task import TOOLS
@@ -19,10 +21,12 @@ from agentlightning.schemas import Model, RolloutCreate
 from tests.conftest import RunningGateway
 
 from .conftest import SERVED_NAME, ScriptedVLLM
-from .scripted import FINAL_ANSWER, QUESTION, TOOL_TURNS, script_messages
+from .scripted import CHAT_TOOLS, FINAL_ANSWER, QUESTION, TOOL_TURNS, script_messages
 
 pytestmark = pytest.mark.timeout(600)
-HELLO = [{"role": "user", "content": "Ann has 3 pens and finds two more. How many pens now?"}]
+HELLO: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Ann has 3 pens and finds two more. How many pens now?"}
+]
 # The scripted conversation up to its final answer: a prompt the model is sure about, so greedy
 # decoding cannot flip between near-equal tokens from one call to the next (off-script prompts can).
 FINAL_TURN = script_messages()[:-1]
@@ -68,6 +72,11 @@ class Rollout:
         return [e["data"] for e in self.client.get_events_json(self.id, format="triplet", attempt_id="a1")]
 
 
+def extra(answer: BaseModel, key: str) -> Any:
+    """A field vLLM adds to an OpenAI object (`token_ids`, `prompt_token_ids`)."""
+    return (answer.model_extra or {})[key]
+
+
 def vllm_tokenize(server: ScriptedVLLM, body: dict[str, Any]) -> list[int]:
     """vLLM's own tokenization (its `/tokenize` route: a prompt, or chat messages + template)."""
     r = httpx.post(f"{server.base_url}/tokenize", json={"model": SERVED_NAME, **body}, timeout=60)
@@ -89,7 +98,7 @@ def test_chat_is_recorded_with_vllms_ids_and_log_probs(
     # What vLLM answered is what the agent got, and what was recorded.
     assert response["choices"][0]["message"]["content"] == answer.choices[0].message.content
     token_ids = response["choices"][0]["token_ids"]
-    assert token_ids == answer.choices[0].token_ids  # type: ignore[attr-defined]
+    assert token_ids == extra(answer.choices[0], "token_ids")
     log_probs = [c["logprob"] for c in response["choices"][0]["logprobs"]["content"]]
     assert len(log_probs) == len(token_ids) and all(lp <= 0 for lp in log_probs)
 
@@ -115,17 +124,19 @@ def test_chat_streamed_equals_plain_at_temperature_zero(
     assert text == answer.choices[0].message.content == FINAL_ANSWER
     assert (
         chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == answer.usage.completion_tokens
-    )  # type: ignore[union-attr]
+    )
     (event,) = streamed.events()
     assert event["data"]["stream"] is True and event["data"]["status"] == "ok"
     (first,), (second,) = plain.triplets(), streamed.triplets()
-    assert second["response_token_ids"] == first["response_token_ids"] == answer.choices[0].token_ids  # type: ignore[attr-defined]
+    assert (
+        second["response_token_ids"] == first["response_token_ids"] == extra(answer.choices[0], "token_ids")
+    )
     assert second["prompt_token_ids"] == first["prompt_token_ids"]
     # Validation calls carry no log-probs unless asked; asked, a stream records them too.
     logged = Rollout(vllm_gateway, client, "train")
     list(logged.llm.chat.completions.create(model="m", messages=HELLO, max_tokens=8, stream=True))
-    (triplet,) = logged.triplets() or [None]
-    assert triplet is not None and len(triplet["response_log_probs"]) == len(triplet["response_token_ids"])
+    (triplet,) = logged.triplets()
+    assert len(triplet["response_log_probs"]) == len(triplet["response_token_ids"])
 
 
 def test_completions_text_and_token_id_prompts(
@@ -136,13 +147,13 @@ def test_completions_text_and_token_id_prompts(
     text = rollout.llm.completions.create(model="m", prompt=prompt, max_tokens=8)
     ids = vllm_tokenize(vllm_server, {"prompt": prompt})
     by_ids = rollout.llm.completions.create(model="m", prompt=ids[:-1], max_tokens=8)
-    assert text.choices[0].prompt_token_ids == ids  # type: ignore[attr-defined]
-    assert by_ids.choices[0].prompt_token_ids == ids[:-1]  # type: ignore[attr-defined]
+    assert extra(text.choices[0], "prompt_token_ids") == ids
+    assert extra(by_ids.choices[0], "prompt_token_ids") == ids[:-1]
     first, second = rollout.triplets()
     assert first["prompt_token_ids"] == ids and second["prompt_token_ids"] == ids[:-1]
     for triplet, answer in ((first, text), (second, by_ids)):
         choice = answer.choices[0]
-        assert triplet["response_token_ids"] == choice.token_ids  # type: ignore[attr-defined]
+        assert triplet["response_token_ids"] == extra(choice, "token_ids")
         assert choice.logprobs is not None
         assert triplet["response_log_probs"] == choice.logprobs.token_logprobs
 
@@ -155,7 +166,7 @@ def test_completions_text_and_token_id_prompts(
     assert "".join(c.choices[0].text for c in chunks if c.choices) == answer.choices[0].text == FINAL_ANSWER
     (s,), (p,) = streamed.triplets(), plain.triplets()
     assert s["prompt_token_ids"] == p["prompt_token_ids"] == ids
-    assert s["response_token_ids"] == p["response_token_ids"] == answer.choices[0].token_ids  # type: ignore[attr-defined]
+    assert s["response_token_ids"] == p["response_token_ids"] == extra(answer.choices[0], "token_ids")
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -163,16 +174,16 @@ def test_hermes_tool_calls_pass_through_and_are_recorded(
     vllm_gateway: RunningGateway, client: GatewayClient, vllm_server: ScriptedVLLM, stream: bool
 ) -> None:
     rollout = Rollout(vllm_gateway, client, "val")
-    messages = [{"role": "user", "content": QUESTION}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": QUESTION}]
     expected_args = json.dumps(TOOL_TURNS[0][0])
     if stream:
         chunks = list(
             rollout.llm.chat.completions.create(
                 model="m",
                 messages=messages,
-                tools=TOOLS,
+                tools=CHAT_TOOLS,
                 max_tokens=64,
-                stream=True,  # type: ignore[arg-type]
+                stream=True,
             )
         )
         deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
@@ -181,10 +192,13 @@ def test_hermes_tool_calls_pass_through_and_are_recorded(
         finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
         assert finish == ["tool_calls"]
     else:
-        answer = rollout.llm.chat.completions.create(model="m", messages=messages, tools=TOOLS, max_tokens=64)  # type: ignore[arg-type]
+        answer = rollout.llm.chat.completions.create(
+            model="m", messages=messages, tools=CHAT_TOOLS, max_tokens=64
+        )
         assert answer.choices[0].finish_reason == "tool_calls"
         (call,) = answer.choices[0].message.tool_calls or []
-        name, arguments = call.function.name, call.function.arguments  # type: ignore[union-attr]
+        assert call.type == "function"
+        name, arguments = call.function.name, call.function.arguments
         assert call.id  # vLLM's chat path names it chatcmpl-tool-…, its derender a bare hex id
     assert (name, arguments) == ("calculator", expected_args)
 
@@ -215,7 +229,7 @@ def test_n_greater_than_one_records_every_choice(vllm_gateway: RunningGateway, c
     choices = event["data"]["response"]["choices"]
     assert [c["index"] for c in choices] == [0, 1, 2]
     for recorded, got in zip(choices, answer.choices, strict=True):
-        assert recorded["token_ids"] == got.token_ids  # type: ignore[attr-defined]
+        assert recorded["token_ids"] == extra(got, "token_ids")
         assert len(recorded["logprobs"]["content"]) == len(recorded["token_ids"])
     (triplet,) = rollout.triplets()  # the triplet view trains on the first choice
     assert triplet["response_token_ids"] == choices[0]["token_ids"]
