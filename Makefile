@@ -92,18 +92,19 @@ PYTEST := $(BIN)/pytest -q -n $(or $(TEST_WORKERS),2) --dist loadgroup --duratio
 POSTGRES_PASS := tests/server/test_api.py tests/server/test_batch_routes.py tests/server/test_proxy.py \
 	tests/server/test_auth.py tests/server/test_proxy_store.py tests/compat/test_differential.py
 
-# Everything the suite runs on; `make test` builds them four at a time (lint and the type check
-# start as soon as .venv is there).
+# Everything the suite runs on.
 TEST_ENVS := $(STAMP) $(V1)/.installed .venv-examples/.installed $(VERL_VENV)/.installed $(VLLM_STAMP) \
 	.venv-swe/.installed .npm-codex/.installed .npm-opencode/.installed .npm-claude/.installed
 
-# The core suite runs while the other environments are still being built (most of their time is
-# downloading and unpacking); then the heavy tests beside the Postgres pass and verl's tests (in
-# verl's venv; tests/verl is skipped by the others): much of a heavy test is waiting on the
-# servers, agents and trainers it starts, so these three fill each other's waits.
+# Each part starts as soon as what it needs is there, with no phase waiting for another: the core
+# suite, lint, the type check and the Postgres pass on .venv while the other environments are built
+# (most of their time is downloading and unpacking), verl's tests (in verl's venv; tests/verl is
+# skipped by the others) once that venv is, the heavy tests once every environment is. Much of a test
+# is waiting on the servers, agents and trainers it starts; on two cores the parts fill each other's
+# waits. Each part's output is printed whole when it ends (--output-sync).
 test:
-	$(MAKE) --no-print-directory -j5 $(STAMP) test-core lint typecheck $(TEST_ENVS)
-	$(MAKE) --no-print-directory -j3 test-heavy test-postgres test-verl
+	$(MAKE) --no-print-directory -j8 --output-sync=target test-core lint typecheck test-postgres test-verl \
+		test-heavy $(TEST_ENVS)
 
 # Tests are sorted by markers (tests/conftest.py's FOLDER_MARKERS, or on the test): `heavy` needs an
 # environment besides .venv, `process` starts whole processes; a folder `-m` leaves out is not imported.
@@ -112,7 +113,7 @@ test-core: $(STAMP)
 
 # Three workers: the tests on the session's vLLM server are one group (tests/conftest.py), the
 # vLLM tests that start their own servers and the examples' files spread over the other two.
-# The slowest tests are listed at the end: this phase is what CI's time depends on.
+# The slowest tests are listed at the end: this part is what CI's time depends on.
 test-heavy: $(TEST_ENVS)
 	$(BIN)/pytest -q -n $(or $(TEST_WORKERS),3) --dist loadgroup --durations=25 -m heavy
 
