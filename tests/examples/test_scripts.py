@@ -101,29 +101,39 @@ esac
 """
 
 
-def test_calc_x_run_minikube_builds_the_image_from_the_repository_root(tmp_path: Path) -> None:
-    """The agent imports agentlightning/agent_events.py, so its image is built from the repository
-    root with the example's Dockerfile; then the Gateway, the Controller and the training (here
-    refused at once: no such file), after which nothing it started is left."""
-    bin_dir = _path_with(tmp_path, ("dirname", "basename", "mkdir", "seq", "sleep", "tail", "cat"))
+def run_minikube_script(
+    script: Path, tmp_path: Path, marker: str, port: int
+) -> subprocess.CompletedProcess[str]:
+    """An example's run_minikube.sh against the recording minikube (FAKE_MINIKUBE), its training
+    given a file that does not exist; what it started carries `marker`, its run folder is
+    tmp_path/run."""
+    tools = ("dirname", "basename", "mkdir", "seq", "sleep", "tail", "cat", "awk", "sed")
+    bin_dir = _path_with(tmp_path, tools)
     (bin_dir / "minikube").write_text(FAKE_MINIKUBE)
     (bin_dir / "minikube").chmod(0o755)
-    marker = uuid.uuid4().hex
     env = {
         **os.environ,
         "PATH": str(bin_dir),
         "RUN_DIR": str(tmp_path / "run"),
         "RECORD": str(tmp_path),
-        "AGL_PORT": str(free_port()),
+        "AGL_PORT": str(port),
         MARKER: marker,
     }
-    result = subprocess.run(
-        ["/bin/bash", str(CALC_X / "run_minikube.sh"), "--train-file", str(tmp_path / "missing.jsonl")],
+    return subprocess.run(
+        ["/bin/bash", str(script), "--train-file", str(tmp_path / "missing.jsonl")],
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def test_calc_x_run_minikube_builds_the_image_from_the_repository_root(tmp_path: Path) -> None:
+    """The agent imports agentlightning/agent_events.py, so its image is built from the repository
+    root with the example's Dockerfile; then the Gateway, the Controller and the training (here
+    refused at once: no such file), after which nothing it started is left."""
+    marker = uuid.uuid4().hex
+    result = run_minikube_script(CALC_X / "run_minikube.sh", tmp_path, marker, free_port())
     assert result.returncode != 0  # the training refused the missing file
     calls = (tmp_path / "calls").read_text().splitlines()
     assert calls == ["status", f"image build -t agl-calc-x:latest -f examples/calc_x/Dockerfile {REPO}"]
@@ -137,34 +147,10 @@ def test_swe_run_minikube_builds_the_image_and_lets_the_agents_reach_only_the_ga
     policy applied with the host's Gateway as its one address on the Gateway's port, then the
     Gateway, the Controller with the k8s runner, and the training (here refused at once: no such
     file), after which nothing it started is left."""
-    bin_dir = _path_with(
-        tmp_path, ("dirname", "basename", "mkdir", "seq", "sleep", "tail", "cat", "awk", "sed")
-    )
-    (bin_dir / "minikube").write_text(FAKE_MINIKUBE)
-    (bin_dir / "minikube").chmod(0o755)
     port = free_port()
     run_dir = tmp_path / "run"
     marker = uuid.uuid4().hex
-    env = {
-        **os.environ,
-        "PATH": str(bin_dir),
-        "RUN_DIR": str(run_dir),
-        "RECORD": str(tmp_path),
-        "AGL_PORT": str(port),
-        MARKER: marker,
-    }
-    result = subprocess.run(
-        [
-            "/bin/bash",
-            str(EXAMPLES / "swe" / "run_minikube.sh"),
-            "--train-file",
-            str(tmp_path / "missing.jsonl"),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_minikube_script(EXAMPLES / "swe" / "run_minikube.sh", tmp_path, marker, port)
     assert result.returncode != 0  # the training refused the missing file
     calls = (tmp_path / "calls").read_text().splitlines()
     assert calls[:2] == ["status", f"image build -t agl-swe:latest -f examples/swe/Dockerfile {REPO}"]
