@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +82,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.option, "loadgroup", False
     )
     with_xdist = config.pluginmanager.hasplugin("xdist")  # its marker is unknown under `-p no:xdist`
+    give_unique_node_ids(items)
     for item in items:
         marker = folder_marker(item.path)
         if marker is not None:
@@ -95,6 +97,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # no longer reads (a node's id is `_id`): without this the group's tests went to any
             # worker, and each worker started the session's vLLM server (~200 s) again.
             item._id = coerce_node_id(f"{item.nodeid}@{group}")
+
+
+def give_unique_node_ids(items: list[pytest.Item]) -> None:
+    """schemathesis 4.32 gives each API operation's test the test function's node id (the operation
+    is in its name only): xdist's `--dist loadgroup` keys its queue by node id and so ran one of the
+    30 operations in `make test`. Such a test gets its name as its id; any node id still shared
+    stops the collection, so that no test is lost again without a word."""
+    counts = Counter(item.nodeid for item in items)
+    for item in items:
+        if counts[item.nodeid] > 1 and not item.nodeid.endswith(f"::{item.name}"):
+            item._id = coerce_node_id(f"{item.nodeid.rsplit('::', 1)[0]}::{item.name}")
+    shared = sorted(nodeid for nodeid, n in Counter(item.nodeid for item in items).items() if n > 1)
+    if shared:
+        raise pytest.UsageError(f"tests share node ids (xdist would run one of each): {shared[:5]}")
 
 
 def trainer_key(rollout: Rollout, key: str) -> Any:
