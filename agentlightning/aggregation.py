@@ -22,7 +22,7 @@ from typing import Any
 
 from agentlightning.rows import CONTEXT_VERSION, TrainingRow
 from agentlightning.schemas import EVENT_MODEL_REQUEST
-from agentlightning.wire import PromptIds
+from agentlightning.wire import CollectedTriplet, PromptIds
 
 
 class AggregationLevel(StrEnum):
@@ -71,7 +71,8 @@ def usable_calls(events: Iterable[dict[str, Any]], stats: AggregationStats) -> l
         if event.get("event_type") != EVENT_MODEL_REQUEST:
             continue
         recorded += 1
-        data = event.get("data")
+        # As the Gateway writes it, but read unvalidated: each value is checked below.
+        data: CollectedTriplet | None = event.get("data")
         if not isinstance(data, dict):
             stats.n_calls_no_tokens += 1
             continue

@@ -41,7 +41,9 @@ from agentlightning.schemas import (
 )
 
 # The batch route's `triplet_delta` events are read back with `expand_prompt_refs`, documented as
-# part of this client (docs/long_horizon.md); the format itself lives in the wire layer.
+# part of this client (docs/long_horizon.md), into model calls' `CollectedTriplet`s; the format
+# itself lives in the wire layer.
+from agentlightning.wire import CollectedTriplet as CollectedTriplet
 from agentlightning.wire import PromptIds as PromptIds
 from agentlightning.wire import expand_prompt_refs as expand_prompt_refs
 

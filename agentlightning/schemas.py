@@ -319,47 +319,8 @@ class RewardData(BaseModel):
         return v
 
 
-class ServerInfo(BaseModel):
-    model: str
-    endpoint: str | None = None
-    version: int = 0
-
-
-class ModelRequestData(BaseModel):
-    """Payload of a `model_request` event, written by the Gateway's proxy for every model call."""
-
-    model_config = ConfigDict(extra="allow")
-
-    api: Literal["chat.completions", "completions", "responses", "anthropic.messages"] = Field(
-        "chat.completions",
-        description="the API the agent called (responses and anthropic.messages are served as chat)",
-    )
-    mode: Literal["train", "val"] = "train"
-    request: dict[str, Any] = Field(default_factory=dict, description="the body the agent sent")
-    params: dict[str, Any] = Field(default_factory=dict, description="what the proxy rewrote")
-    response: dict[str, Any] | None = None
-    server: ServerInfo | None = None
-    latency_ms: float | None = None
-    http_status: int | None = None
-    status: Literal["ok", "error"] = "ok"
-    error: str | None = None
-    retries: int = 0
-    usage: dict[str, Any] | None = None
-    finish_reason: str | None = None
-    stream: bool = False
-    incomplete: bool = False
-
-
-class Triplet(BaseModel):
-    """The training view of one `model_request` event (`format=triplet`)."""
-
-    prompt_token_ids: list[int]
-    response_token_ids: list[int]
-    response_log_probs: list[float] | None = None
-    server: ServerInfo | None = None
-    http_status: int | None = None
-    status: str | None = None
-    error: str | None = None
+# A `model_request` event's payload and its training view: agentlightning/model_call.py (typed
+# dicts, so that neither the proxy nor the trainer pays for validating them).
 
 
 # --- models and the proxy -----------------------------------------------------------------

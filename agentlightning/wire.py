@@ -20,7 +20,9 @@ import array
 import base64
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any, overload
+from typing import Any, TypeAlias, overload
+
+from agentlightning.model_call import CallTokens, CallTriplet
 
 _LITTLE = sys.byteorder == "little"
 
@@ -157,6 +159,11 @@ class PromptIds(Sequence[int]):
         return f"PromptIds({self.whole()!r})"
 
 
+# A model call's triplet as the trainer reads it: from `format=triplet` (plain lists), or back from
+# `triplet_delta` by `expand_prompt_refs` (with `lazy`, a prompt given by reference is a PromptIds).
+CollectedTriplet: TypeAlias = CallTriplet[list[int] | PromptIds]
+
+
 def _u32(packed: str) -> list[int]:
     return bytes_to_ids(base64.b64decode(packed))
 
@@ -179,21 +186,22 @@ def expand_prompt_refs(events: list[dict[str, Any]], lazy: bool = False) -> list
             continue
         ref = data.pop("prompt_ref")
         suffix = _u32(data.pop("prompt_suffix"))
-        prompt: Sequence[int]
+        prompt: list[int] | PromptIds
         if ref is None:
             prompt = suffix
         else:
             i, n = ref
             if not 0 <= i < j:
                 raise ValueError(f"prompt_ref {i} of event {j} is not an earlier event of the answer")
-            prompt = PromptIds(events[i]["data"]["prompt_token_ids"], n, suffix)
+            earlier: CollectedTriplet = events[i]["data"]
+            prompt = PromptIds(earlier["prompt_token_ids"], n, suffix)
             if not lazy:
                 prompt = prompt.whole()
         log_probs = data.pop("response_log_probs")
-        event["data"] = {  # the triplet view's key order
+        tokens: CallTokens[list[int] | PromptIds] = {
             "prompt_token_ids": prompt,
             "response_token_ids": _u32(data.pop("response_token_ids")),
             "response_log_probs": _f64(log_probs) if log_probs is not None else None,
-            **data,
         }
+        event["data"] = {**tokens, **data}  # the triplet view's key order: the lists, then the rest
     return events

@@ -30,6 +30,7 @@ LAYERS: dict[str, str] = {
     "hooks": "base",
     "sandbox": "base",
     "wire": "base",
+    "model_call": "base",  # the record of a model call and its training view (TypedDicts)
     "launch": "base",
     "openai_server": "base",
     "agent_events": "base",  # what agents import (httpx only): their reward post

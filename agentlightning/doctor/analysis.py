@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from agentlightning.aggregation import AggregationStats, aggregate_rollout
+from agentlightning.model_call import CallTriplet
 from agentlightning.rewards import last_reward
 from agentlightning.schemas import EVENT_MODEL_REQUEST
 
@@ -169,13 +170,13 @@ def analyze(path: str, rollouts: list[RecordedRollout]) -> PathReport:
             found = break_of(call)
             if found is not None:
                 breaks.append(Break(rollout.rollout_id, n, *found))
-        for triplet in rollout.triplets:
-            data = triplet.get("data")
-            if triplet.get("event_type") != EVENT_MODEL_REQUEST or not isinstance(data, dict):
+        for event in rollout.triplets:
+            triplet: CallTriplet[list[int]] | None = event.get("data")  # unvalidated: checked here
+            if event.get("event_type") != EVENT_MODEL_REQUEST or not isinstance(triplet, dict):
                 continue
-            if isinstance(data.get("prompt_token_ids"), list) and data.get("response_token_ids"):
-                prompts.append(len(data["prompt_token_ids"]))
-                answers.append(len(data["response_token_ids"]))
+            if isinstance(triplet.get("prompt_token_ids"), list) and triplet.get("response_token_ids"):
+                prompts.append(len(triplet["prompt_token_ids"]))
+                answers.append(len(triplet["response_token_ids"]))
         if calls:
             rows = aggregate_rollout(
                 rollout.triplets, rollout.rollout_id, "doctor", reward or 0.0, stats=stats

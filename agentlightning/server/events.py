@@ -11,7 +11,7 @@ import orjson
 from agentlightning.schemas import EVENT_MODEL_REQUEST
 from agentlightning.server.store.base import EventRecord, StoredEvent
 from agentlightning.server.store.delta import CallDraft, prompt_key_of, split_call
-from agentlightning.server.triplet import keep_last_per_prompt, prompt_key, to_triplet
+from agentlightning.server.triplet import keep_last_per_prompt, model_request_triplet, prompt_key, to_triplet
 
 
 class UnencodableEvent(ValueError):
@@ -22,7 +22,7 @@ def make_record(
     rollout_id: str,
     attempt_id: str,
     event_type: str,
-    data: dict[str, Any],
+    data: Mapping[str, Any],
     timestamp: float,
     delta: bool = True,
 ) -> EventRecord:
@@ -31,10 +31,10 @@ def make_record(
 
     A model call is split for storage as a delta against an earlier one (store/delta.py)
     unless `delta` is False (then it is stored whole, as before)."""
-    triplet = to_triplet(event_type, data, with_key=False)
+    call = model_request_triplet(data) if event_type == EVENT_MODEL_REQUEST else None
     try:
-        if delta and event_type == EVENT_MODEL_REQUEST and triplet is not None:
-            split = split_call(data, triplet[0])
+        if delta and call is not None:
+            split = split_call(data, call)
             if split is not None:  # stored as a delta against an earlier call (store/delta.py)
                 residual, tail, draft = split
                 return EventRecord(
@@ -50,16 +50,21 @@ def make_record(
         encoded = orjson.dumps(data)
     except orjson.JSONEncodeError as exc:
         raise UnencodableEvent(f"event data cannot be stored as JSON: {exc}") from None
-    key = None
-    if triplet is not None and event_type == EVENT_MODEL_REQUEST and triplet[0]["prompt_token_ids"]:
-        key = prompt_key(triplet[0]["prompt_token_ids"])
+    triplet: bytes | None = None
+    key: str | None = None
+    if call is not None:
+        triplet = orjson.dumps(call)
+        if call["prompt_token_ids"]:
+            key = prompt_key(call["prompt_token_ids"])
+    elif (view := to_triplet(event_type, data)) is not None:  # a reward's (other events have none)
+        triplet = orjson.dumps(view[0])
     return EventRecord(
         rollout_id=rollout_id,
         attempt_id=attempt_id,
         event_type=event_type,
         timestamp=timestamp,
         data=encoded,
-        triplet=orjson.dumps(triplet[0]) if triplet else None,
+        triplet=triplet,
         prompt_key=key,
     )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -29,7 +30,7 @@ CONTEXT_OVERFLOW = re.compile(
 )
 
 
-def call_outcome(call: dict[str, Any]) -> AttemptOutcome | None:
+def call_outcome(call: Mapping[str, Any]) -> AttemptOutcome | None:
     """The outcome a failed model call (a `model_request` event's data) is evidence of, if any:
     `model_unavailable` when the proxy's retries were used up on 5xx, 408/409/429, timeouts or
     connection errors, or no engine was registered; `context_overflow` when the engine refused
@@ -44,7 +45,9 @@ def call_outcome(call: dict[str, Any]) -> AttemptOutcome | None:
     return None
 
 
-async def record_call_outcome(store: Store, rollout_id: str, attempt_id: str, call: dict[str, Any]) -> None:
+async def record_call_outcome(
+    store: Store, rollout_id: str, attempt_id: str, call: Mapping[str, Any]
+) -> None:
     outcome = call_outcome(call)
     if outcome is not None:
         detail = f"model call answered {call.get('http_status')}: {call.get('error') or ''}"

@@ -1,19 +1,21 @@
 """`format=triplet`: the training view of recorded events.
 
-A `model_request` event becomes `{prompt_token_ids, response_token_ids, response_log_probs,
-server{model,version}, http_status?, status?, error?}` and a `reward` event `{value, source?,
-reason?}`. The conversion runs once, when the event is appended, so reading a rollout's
-triplets is a concatenation of stored bytes.
+A `model_request` event becomes a `model_call.CallTriplet` `{prompt_token_ids,
+response_token_ids, response_log_probs, server{model,version}, http_status?, status?, error?}`
+and a `reward` event `{value, source?, reason?}`. The conversion runs once, when the event is
+appended, so reading a rollout's triplets is a concatenation of stored bytes.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
 from pydantic import ConfigDict, StrictFloat, TypeAdapter, ValidationError
 
+from agentlightning.model_call import CallTriplet
 from agentlightning.schemas import EVENT_MODEL_REQUEST, EVENT_REWARD
 from agentlightning.wire import ids_to_bytes
 
@@ -73,7 +75,9 @@ def _log_probs(choice: dict[str, Any], n_tokens: int) -> list[float] | None:
         return None
 
 
-def model_request_triplet(data: dict[str, Any]) -> dict[str, Any]:
+def model_request_triplet(data: Mapping[str, Any]) -> CallTriplet[list[int]]:
+    """The training view of a `model_request` payload: this proxy's `ModelCall`, or whatever a
+    v1.0 writer or an agent posted (read with `.get`, each value checked)."""
     response = data.get("response")
     response = response if isinstance(response, dict) else {}
     choice = _first_choice(response)
@@ -82,23 +86,28 @@ def model_request_triplet(data: dict[str, Any]) -> dict[str, Any]:
     if prompt_ids is None:
         prompt_ids = _int_list(choice.get("prompt_token_ids")) or []
     response_ids = _int_list(choice.get("token_ids")) or []
-    triplet: dict[str, Any] = {
+    server = data.get("server")
+    triplet: CallTriplet[list[int]] = {
         "prompt_token_ids": prompt_ids,
         "response_token_ids": response_ids,
         "response_log_probs": _log_probs(choice, len(response_ids)) if response_ids else None,
+        "server": (
+            {"model": server.get("model"), "version": server.get("version", 0)}
+            if isinstance(server, dict)
+            else None
+        ),
     }
-    server = data.get("server")
-    if isinstance(server, dict):
-        triplet["server"] = {"model": server.get("model"), "version": server.get("version", 0)}
-    else:
-        triplet["server"] = None
-    for key in ("http_status", "status", "error"):
-        if data.get(key) is not None:
-            triplet[key] = data[key]
+    # Spelt out key by key (not a loop over names): mypy checks each against CallTriplet.
+    if (http_status := data.get("http_status")) is not None:
+        triplet["http_status"] = http_status
+    if (status := data.get("status")) is not None:
+        triplet["status"] = status
+    if (error := data.get("error")) is not None:
+        triplet["error"] = error
     return triplet
 
 
-def reward_triplet(data: dict[str, Any]) -> dict[str, Any]:
+def reward_triplet(data: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"value": data.get("value")}
     # call_index: a reward for one call, policy: for one role (docs/policies.md); both optional
     for key in ("source", "reason", "call_index", "policy"):
@@ -108,19 +117,17 @@ def reward_triplet(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def to_triplet(
-    event_type: str, data: dict[str, Any], with_key: bool = True
-) -> tuple[dict[str, Any], str | None] | None:
+    event_type: str, data: Mapping[str, Any]
+) -> tuple[CallTriplet[list[int]] | dict[str, Any], str | None] | None:
     """The triplet payload of an event and its dedup key, or None for events triplets omit.
 
     The dedup key identifies the prompt: of several calls with identical prompt token ids only
     the last is kept (a retried call). Calls without prompt ids (failed ones) are never merged.
-    `with_key=False` leaves the key out (None): the caller computes it when it needs it.
     """
     if event_type == EVENT_MODEL_REQUEST:
         triplet = model_request_triplet(data)
         ids = triplet["prompt_token_ids"]
-        key = prompt_key(ids) if ids and with_key else None
-        return triplet, key
+        return triplet, prompt_key(ids) if ids else None
     if event_type == EVENT_REWARD:
         return reward_triplet(data), None
     return None

@@ -13,8 +13,9 @@ class CollectedRollout:
     rollout_id: str
     group_id: str  # the prompt's data_id
     state: RolloutState  # succeeded or failed
-    # Triplet-format events of the last attempt; a prompt_token_ids may be a wire.PromptIds
-    # (collected in the triplet_delta format): it reads like the list, `whole()` builds it.
+    # Triplet-format events of the last attempt; a model call's data is a wire.CollectedTriplet,
+    # its prompt_token_ids perhaps a wire.PromptIds (collected in the triplet_delta format): it
+    # reads like the list, `whole()` builds it.
     events: list[dict[str, Any]] = field(default_factory=list)
     is_train: bool = True
     step: int = 0  # the step whose batch created it (its age is current step - step)

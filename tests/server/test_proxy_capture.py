@@ -1,9 +1,13 @@
-"""Recording a call whose content JSON cannot carry still leaves an event."""
+"""Recording a call: the keys written are the ones `ModelCall` and `CallTriplet` declare, and a
+call whose content JSON cannot carry still leaves an event."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 
+from agentlightning.model_call import CallTriplet, ModelCall
 from agentlightning.schemas import Model, Rollout
 from agentlightning.server.proxy.capture import CallRecord
 from agentlightning.server.store import MemoryStore
@@ -25,3 +29,29 @@ async def test_unencodable_response_is_recorded_as_an_error_event() -> None:
     data = orjson.loads(event.record.data)
     assert data["status"] == "error" and "64-bit" in data["error"]
     assert data["response"] is None and data["server"]["version"] == 2 and data["http_status"] == 200
+
+
+def _declared(typed_dict: Any) -> frozenset[str]:
+    keys: frozenset[str] = typed_dict.__required_keys__ | typed_dict.__optional_keys__
+    return keys
+
+
+async def test_a_recorded_call_has_the_keys_its_types_declare() -> None:
+    store = MemoryStore()
+    await store.create_rollouts([Rollout(rollout_id="r")])
+    record = CallRecord("r", "a", 1.0, "chat.completions", "train", {"messages": []}, {"model": "m"}, False)
+    answer = {"prompt_token_ids": [1, 2], "choices": [{"token_ids": [3]}], "usage": {}}
+    record.finish(
+        http_status=200,
+        latency_ms=5.0,
+        model=Model(model="m", endpoint="http://x/v1", version=2),
+        tries=2,
+        response=answer,
+    )
+    await record.save(store)
+    [event] = await store.list_events("r")
+    [view] = await store.list_events("r", view="triplet")
+    only_some_calls = {"segment", "chat_request", "api_response"}
+    assert set(orjson.loads(event.record.data)) == _declared(ModelCall) - only_some_calls
+    assert view.record.triplet is not None
+    assert set(orjson.loads(view.record.triplet)) == _declared(CallTriplet) - {"error", "routed_experts"}

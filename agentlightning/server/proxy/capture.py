@@ -1,10 +1,11 @@
-"""Recording a model call: the `model_request` event (schema: `ModelRequestData`)."""
+"""Recording a model call: the `model_request` event (its payload: `model_call.ModelCall`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+from agentlightning.model_call import ModelCall
 from agentlightning.schemas import EVENT_MODEL_REQUEST, Model
 from agentlightning.server.events import UnencodableEvent, make_record
 from agentlightning.server.outcomes import record_call_outcome
@@ -31,8 +32,8 @@ class CallRecord:
         self.rollout_id = rollout_id
         self.attempt_id = attempt_id
         self.timestamp = timestamp
-        # Built as a plain dict, in the shape of ModelRequestData: no validation on the hot path.
-        self.data: dict[str, Any] = {
+        # A plain dict (a TypedDict): no validation on the hot path.
+        self.data: ModelCall = {
             "api": api,
             "mode": mode,
             "request": request,
@@ -91,10 +92,10 @@ class CallRecord:
             )
         except UnencodableEvent as exc:
             # The call itself went fine for the agent; record that its content could not be kept.
-            for key in ("request", "response", "usage"):
-                self.data[key] = None
-            self.data["status"] = "error"
-            self.data["error"] = str(exc)
+            d = self.data
+            d["request"] = d["response"] = d["usage"] = None
+            d["status"] = "error"
+            d["error"] = str(exc)
             record = make_record(
                 self.rollout_id, self.attempt_id, EVENT_MODEL_REQUEST, self.data, self.timestamp
             )

@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from agentlightning.model_call import CallTriplet
 from agentlightning.schemas import EVENT_MODEL_REQUEST
 from agentlightning.server.store import Store
 from agentlightning.server.triplet import prompt_key
@@ -111,7 +112,7 @@ class RouteIndex:
             events = await store.list_events(rollout_id, attempt_id, EVENT_MODEL_REQUEST, view="triplet")
             for e in events:
                 if e.sequence in held and e.record.triplet:
-                    t = orjson.loads(e.record.triplet)
+                    t: CallTriplet[list[int]] = orjson.loads(e.record.triplet)
                     if t.get("prompt_token_ids") and t.get("response_token_ids"):
                         holders.append(_Holder.of(e.sequence, t["prompt_token_ids"], t["response_token_ids"]))
         if key not in self._attempts:  # another call of the attempt may have loaded it meanwhile

@@ -30,11 +30,13 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
 
+from agentlightning.model_call import CallTokens, CallTriplet
 from agentlightning.schemas import EVENT_MODEL_REQUEST
 from agentlightning.server.store.base import EventRecord, StoredEvent
 from agentlightning.server.triplet import keep_last_per_prompt
@@ -91,7 +93,7 @@ SLOTS = (
 # ids, log-probs; format 2: then per slot taken out, in SLOTS order, its base, shared, new bytes
 _HEADER = struct.Struct("<BBqIqIIII")
 _SLOT_HEADER = struct.Struct("<qII")
-_TRIPLET_KEYS = ("prompt_token_ids", "response_token_ids", "response_log_probs")
+_TOKEN_KEYS = CallTokens.__required_keys__  # stored in binary; the triplet's other fields: its tail
 
 
 # --- write side: splitting a call ---------------------------------------------------------------
@@ -194,16 +196,18 @@ def _render_triplet(prompt_part: bytes, response: bytes, log_probs: bytes | None
     )
 
 
-def split_call(data: dict[str, Any], triplet: dict[str, Any]) -> tuple[bytes, bytes, CallDraft] | None:
+def split_call(
+    data: Mapping[str, Any], triplet: CallTriplet[list[int]]
+) -> tuple[bytes, bytes, CallDraft] | None:
     """`(payload with placeholders, triplet tail, draft)`, or None to store the call plainly
     (a short prompt, ids beyond uint32, a placeholder already in the payload). Raises
     orjson.JSONEncodeError.
 
     `triplet` is `model_request_triplet(data)`: its id lists are the payload's own list objects."""
-    prompt_ids: list[int] = triplet["prompt_token_ids"]
+    prompt_ids = triplet["prompt_token_ids"]
     if len(prompt_ids) < MIN_PROMPT_IDS:
         return None
-    response_ids: list[int] = triplet["response_token_ids"]
+    response_ids = triplet["response_token_ids"]
     log_probs = triplet["response_log_probs"]
     prompt = ids_to_bytes(prompt_ids)
     response = ids_to_bytes(response_ids)
@@ -253,7 +257,7 @@ def split_call(data: dict[str, Any], triplet: dict[str, Any]) -> tuple[bytes, by
     if log_probs is not None:
         flags |= F_LOGPROBS
         lp = floats_to_bytes(log_probs)
-    tail = orjson.dumps({k: v for k, v in triplet.items() if k not in _TRIPLET_KEYS})
+    tail = orjson.dumps({k: v for k, v in triplet.items() if k not in _TOKEN_KEYS})
     draft = CallDraft(
         flags=flags,
         prompt=prompt,
