@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from _pytest.mark.expression import Expression
 from _pytest.nodeid import coerce_node_id
 
@@ -63,6 +64,23 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
     # A test may add `process` itself: the folder is left out only if neither set of marks is selected.
     return None if selects({marker}) or selects({marker, "process"}) else True
+
+
+@pytest.fixture(autouse=True, scope="session")
+def loggers_not_cached() -> Iterator[None]:
+    """`configure_logging` caches each logger on its first use (right for a service). In the test
+    process, a command run in-process configures logging; a module's logger used then keeps that
+    configuration, and once another test configures again, `structlog.testing.capture_logs` (which
+    edits the configuration of the moment) no longer sees that logger: a later test on the same
+    worker found its log lines empty, depending on the order xdist gave. Here nothing is cached."""
+    configure = structlog.configure
+
+    def uncached(*args: Any, **kwargs: Any) -> None:
+        configure(*args, **{**kwargs, "cache_logger_on_first_use": False})
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(structlog, "configure", uncached)
+        yield
 
 
 # Session fixtures whose tests all run on one worker, so that each is built once: the session's
