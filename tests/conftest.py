@@ -43,8 +43,11 @@ FOLDER_MARKERS = {
 
 
 def folder_marker(path: Path) -> str | None:
-    parts = path.resolve().relative_to(TESTS).parts if path.resolve().is_relative_to(TESTS) else ()
-    return FOLDER_MARKERS.get(parts[0]) if parts else None
+    """The marker of the folder of tests/ that `path` is in (or is), if any."""
+    parts, depth = path.resolve().parts, len(TESTS.parts)
+    if parts[:depth] != TESTS.parts or len(parts) == depth:
+        return None
+    return FOLDER_MARKERS.get(parts[depth])
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
