@@ -74,8 +74,7 @@ def loggers_not_cached() -> Iterator[None]:
     """`configure_logging` caches each logger on its first use (right for a service). In the test
     process, a command run in-process configures logging; a module's logger used then keeps that
     configuration, and once another test configures again, `structlog.testing.capture_logs` (which
-    edits the configuration of the moment) no longer sees that logger: a later test on the same
-    worker found its log lines empty, depending on the order xdist gave. Here nothing is cached."""
+    edits the configuration of the moment) no longer sees that logger. Here nothing is cached."""
     configure = structlog.configure
 
     def uncached(*args: Any, **kwargs: Any) -> None:
@@ -84,6 +83,17 @@ def loggers_not_cached() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(structlog, "configure", uncached)
         yield
+
+
+@pytest.fixture(autouse=True)
+def logging_configuration_restored(loggers_not_cached: None) -> Iterator[None]:
+    """A test that runs a command in-process leaves structlog configured at the command's level
+    (`log_level=warning` filters out info lines before any processor): `capture_logs`, which swaps
+    the processors only, then saw nothing in a later test on the same worker, depending on the
+    order xdist gave. Each test ends with the configuration it started with."""
+    before = structlog.get_config()
+    yield
+    structlog.configure(**before)
 
 
 # Session fixtures whose tests all run on one worker, so that each is built once: the session's
