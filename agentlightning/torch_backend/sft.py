@@ -1,6 +1,8 @@
 """`agl-sft`: supervised fine-tuning with the torch backend, on the Gateway's records or on chats.
 
-    agl-sft [--config FILE.yaml] [key=value ...]          (keys: agentlightning/config/sft.yaml)
+    agl-sft [backend=torch|verl] [--config FILE.yaml] [key=value ...]   (keys: agentlightning/config/sft.yaml)
+
+`backend=verl` trains the same rows with verl's own SFT trainer (`agentlightning/verl/sft.py`).
 
 The rows come from `trainer.sft_data` (the recorded rollouts a selection keeps, built by the RL
 path's aggregation; or a JSONL of chats rendered with the model's chat template); the loss is
@@ -200,9 +202,8 @@ def load_rows(config: SFTConfig, tokenizer: Any) -> tuple[list[TrainingRow], dic
     }
 
 
-def check_vocabulary(rows: Sequence[TrainingRow], model: Any) -> None:
-    """Every token id fits the model's embedding; else the rows come from another tokenizer."""
-    size = int(model.get_input_embeddings().num_embeddings)
+def check_vocabulary(rows: Sequence[TrainingRow], size: int) -> None:
+    """Every token id fits the model's embedding (`size` ids); else the rows come from another tokenizer."""
     top = max(max(r.prompt_ids + r.response_ids) for r in rows)
     if top >= size:
         raise SFTDataError(
@@ -245,7 +246,7 @@ def run_sft(config: SFTConfig) -> Path:
     except OSError as exc:
         raise ConfigError(f"model.path: cannot load {config.model.path!r}: {exc}") from None
     rows, seen = load_rows(config, tokenizer)
-    check_vocabulary(rows, model)
+    check_vocabulary(rows, int(model.get_input_embeddings().num_embeddings))
     n_tokens = sum(r.n_trainable for r in rows)
     say(f"{PROG}: {len(rows)} rows, {n_tokens} trainable tokens" + (f" ({seen})" if seen else ""))
     settings = lora_settings(config.model.lora_rank, config.model.lora_alpha, config.model.target_modules)
@@ -301,31 +302,59 @@ def checkpoint_config(config: SFTConfig) -> dict[str, Any]:
 def save(
     config: SFTConfig, updater: PolicyUpdater, peft_model: Any, tokenizer: Any, metrics: dict[str, Any]
 ) -> Path:
+    policy = updater.state_dict()
+    if peft_model is not None:
+        policy["model"] = adapter_state(updater.model)
+    return write_checkpoint(config, updater.steps, policy, updater.model, peft_model, tokenizer, metrics)
+
+
+def write_checkpoint(
+    config: SFTConfig,
+    step: int,
+    policy: dict[str, Any],
+    model: Any,
+    peft_model: Any,
+    tokenizer: Any,
+    metrics: dict[str, Any],
+    backend: str = "torch",
+) -> Path:
+    """The checkpoint of `step` in the RL layout, whichever backend trained `model`: `policy` is
+    what policy_state.pt holds (its "model": the weights, LoRA: the adapter), `peft_model` the
+    adapter's peft wrapper around `model` (or None)."""
     from agentlightning.trainer.checkpoint import save_checkpoint
 
     def save_backend(folder: Path) -> None:
-        policy = updater.state_dict()
         if peft_model is not None:
-            policy["model"] = adapter_state(updater.model)
             save_adapter(peft_model, folder / ADAPTER_DIR)
         save_policy_state(folder, {"policy": policy, "rng": torch_rng_state()})
         if config.save_model_folder:
-            merged = copy.deepcopy(peft_model).merge_and_unload() if peft_model is not None else updater.model
+            merged = copy.deepcopy(peft_model).merge_and_unload() if peft_model is not None else model
             merged.save_pretrained(folder / MODEL_DIR)
             tokenizer.save_pretrained(folder / MODEL_DIR)
 
     state = {
-        "step": updater.steps,
-        "version": updater.steps,
+        "step": step,
+        "version": step,
         "kind": "sft",
+        "backend": backend,
         "metrics": metrics,
         "config": checkpoint_config(config),
     }
-    return save_checkpoint(config.output_dir, updater.steps, state, save_backend)
+    return save_checkpoint(config.output_dir, step, state, save_backend)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
+    from agentlightning.commands.backends import split_backend
+
+    backend, args = split_backend(list(sys.argv[1:] if argv is None else argv))
+    if backend == "verl":  # the same keys, trained by verl's SFT trainer (agentlightning/verl/sft.py)
+        try:
+            from agentlightning.verl.sft import main as verl_main
+        except ImportError as exc:  # VerlVersionError says which verl and how to install it
+            fail(f"{PROG} backend=verl", str(exc))
+        return verl_main(args)
+    if backend != "torch":
+        fail(PROG, f"backend must be torch or verl, got {backend!r}")
     cfg = load_cli_config("sft", args, prog=PROG, strict=False)
     try:
         config = load_sft_config(cfg)
