@@ -1,0 +1,43 @@
+"""Run as a script: `agl-sft backend=verl` — verl's own SFT trainer (`agentlightning/verl/sft.py`) —
+on CPU, in this process, with the test-only CPU platform (`cpu_platform.py`). Prints the
+checkpoint folder.
+
+    python -m tests.verl.cpu_sft [agl-sft key=value ...]
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from tests.verl.cpu_platform import init_single_process
+
+# verl's FSDP2 engine in fp32 on CPU, without flash-attn, remove-padding or torch.compile
+# (cpu_platform.CPU_ACTOR_OVERRIDES, in the keys of verl's SFT config).
+CPU_SFT_OVERRIDES = [
+    "engine.strategy=fsdp2",
+    "engine.model_dtype=fp32",
+    "engine.dtype=float32",
+    "+engine.mixed_precision.param_dtype=fp32",  # bf16 by default
+    "engine.use_torch_compile=false",
+    "model.use_remove_padding=false",
+    "model.enable_gradient_checkpointing=false",
+    "+model.override_config.attn_implementation=sdpa",
+]
+
+
+def main(argv: list[str]) -> None:
+    torch.set_num_threads(1)
+    init_single_process()
+    from agentlightning.config.loader import load_cli_config
+    from agentlightning.torch_backend.sft import load_sft_config
+    from agentlightning.verl.sft import PROG, run_verl_sft
+
+    config = load_sft_config(load_cli_config("sft", argv, prog=PROG, strict=False))
+    folder = run_verl_sft(config, CPU_SFT_OVERRIDES)
+    print(f"SFT_CHECKPOINT {folder}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
