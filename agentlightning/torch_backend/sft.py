@@ -117,6 +117,7 @@ class SFTConfig:
     device: str = "auto"
     torch_threads: int = 0
     log_level: str = "info"
+    verl_overrides: list[str] = field(default_factory=list)  # backend=verl only: verl's own SFT keys
 
     def validate(self) -> None:
         if not self.model.path:
@@ -162,6 +163,17 @@ class SFTConfig:
             raise ConfigError("train.warmup_steps and train.weight_decay must be >= 0, train.grad_clip > 0")
         if self.torch_threads < 0:
             raise ConfigError(f"torch_threads must be >= 0, got {self.torch_threads}")
+        for item in self.verl_overrides:
+            if "=" not in str(item):
+                raise ConfigError(f"verl_overrides: {item!r} is not key=value (a key of verl's SFT config)")
+
+
+def check_torch_config(config: SFTConfig) -> None:
+    """What only the verl backend reads is refused here."""
+    if config.verl_overrides:
+        raise ConfigError(
+            "verl_overrides is read by backend=verl only (verl's own SFT keys): remove it, or add backend=verl"
+        )
 
 
 def load_sft_config(cfg: DictConfig | dict[str, Any]) -> SFTConfig:
@@ -236,6 +248,7 @@ def say(line: str) -> None:
 
 def run_sft(config: SFTConfig) -> Path:
     """Fine-tune; returns the checkpoint folder."""
+    check_torch_config(config)
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     torch.manual_seed(config.train.seed)
@@ -358,6 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = load_cli_config("sft", args, prog=PROG, strict=False)
     try:
         config = load_sft_config(cfg)
+        check_torch_config(config)
     except ConfigError as exc:
         fail(PROG, f"bad config: {exc}")
     setup_logging(PROG, config.log_level)

@@ -79,6 +79,7 @@ def check_config(config: SFTConfig) -> None:
             f"model.lora_alpha={config.model.lora_alpha:g}: verl's LoRA takes a whole number (its "
             "model.lora_alpha is an int)"
         )
+    verl_config(config, Path(ROWS_FILE))  # verl_overrides: refused now, not after the rows are loaded
 
 
 def micro_batch_size(config: SFTConfig, world_size: int) -> int:
@@ -86,10 +87,9 @@ def micro_batch_size(config: SFTConfig, world_size: int) -> int:
     return min(config.train.micro_batch_size, config.train.batch_size // world_size)
 
 
-def verl_config(
-    config: SFTConfig, rows_file: Path, world_size: int = 1, overrides: Sequence[str] = ()
-) -> DictConfig:
-    """verl's `sft_trainer_engine` config with agl-sft's settings, then `overrides` (verl keys)."""
+def verl_config(config: SFTConfig, rows_file: Path, world_size: int = 1) -> DictConfig:
+    """verl's `sft_trainer_engine` config with agl-sft's settings, then `verl_overrides` (verl's keys:
+    what agl-sft has no key for, such as the FSDP strategy or flash-attn's remove-padding)."""
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from verl.utils.device import get_device_name
@@ -126,7 +126,11 @@ def verl_config(
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-            return compose(config_name="sft_trainer_engine", overrides=[*ours, *overrides])
+            return compose(config_name="sft_trainer_engine", overrides=[*ours, *config.verl_overrides])
+    except Exception as exc:  # hydra's override errors: a key verl's SFT config does not have, a bad value
+        raise ConfigError(
+            f"verl_overrides: verl's SFT config refuses them: {str(exc).splitlines()[0]}"
+        ) from None
     finally:
         GlobalHydra.instance().clear()
 
@@ -252,9 +256,13 @@ def prepare_rows(config: SFTConfig, world_size: int) -> tuple[Path, dict[str, An
     from transformers import AutoConfig
 
     assert config.model.path is not None
-    tokenizer = load_tokenizer(config.model.path)
+    try:
+        tokenizer = load_tokenizer(config.model.path)
+        vocabulary = int(AutoConfig.from_pretrained(config.model.path).vocab_size)
+    except OSError as exc:
+        raise ConfigError(f"model.path: cannot load {config.model.path!r}: {exc}") from None
     rows, seen = load_rows(config, tokenizer)
-    check_vocabulary(rows, int(AutoConfig.from_pretrained(config.model.path).vocab_size))
+    check_vocabulary(rows, vocabulary)
     t = config.train
     if t.batch_size % world_size:
         raise ConfigError(f"train.batch_size={t.batch_size} must be a multiple of the {world_size} GPUs")
@@ -279,9 +287,8 @@ def prepare_rows(config: SFTConfig, world_size: int) -> tuple[Path, dict[str, An
     return path, {"sft/rows": len(rows), **seen}
 
 
-def run_verl_sft(config: SFTConfig, overrides: Sequence[str] = ()) -> Path | None:
-    """Fine-tune with verl's SFT trainer; returns the checkpoint folder (on rank 0; None elsewhere).
-    `overrides`: verl keys of its `sft_trainer_engine` config, applied last."""
+def run_verl_sft(config: SFTConfig) -> Path | None:
+    """Fine-tune with verl's SFT trainer; returns the checkpoint folder (on rank 0; None elsewhere)."""
     check_config(config)
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
@@ -292,14 +299,14 @@ def run_verl_sft(config: SFTConfig, overrides: Sequence[str] = ()) -> Path | Non
         if rank == 0:
             try:
                 shared[0] = prepare_rows(config, world)
-            except (ConfigError, SFTDataError, GatewayUnavailable, Unauthorized) as exc:
+            except Exception as exc:  # every rank stops with it, none waits for rows that never come
                 shared[0] = exc
         if world > 1:
             torch.distributed.broadcast_object_list(shared, src=0)
         if isinstance(shared[0], Exception):
             raise shared[0]
         rows_file, metrics = shared[0]
-        cfg = verl_config(config, rows_file, world, overrides)
+        cfg = verl_config(config, rows_file, world)
         trainer = trainer_class()(cfg, config, metrics)
         t = config.train
         say(

@@ -1,6 +1,6 @@
 """Run as a script: `agl-sft backend=verl` — verl's own SFT trainer (`agentlightning/verl/sft.py`) —
 on CPU, in this process, with the test-only CPU platform (`cpu_platform.py`). Prints the
-checkpoint folder.
+checkpoint folder. verl's engine is set for the CPU through agl-sft's own `verl_overrides`.
 
     python -m tests.verl.cpu_sft [agl-sft key=value ...]
 """
@@ -34,8 +34,9 @@ def main(argv: list[str]) -> None:
     from agentlightning.torch_backend.sft import load_sft_config
     from agentlightning.verl.sft import PROG, run_verl_sft
 
-    config = load_sft_config(load_cli_config("sft", argv, prog=PROG, strict=False))
-    folder = run_verl_sft(config, CPU_SFT_OVERRIDES)
+    overrides = f"verl_overrides=[{','.join(CPU_SFT_OVERRIDES)}]"
+    config = load_sft_config(load_cli_config("sft", [*argv, overrides], prog=PROG, strict=False))
+    folder = run_verl_sft(config)
     print(f"SFT_CHECKPOINT {folder}", flush=True)
 
 

@@ -135,6 +135,8 @@ def test_verl_sft_trains_the_torch_rows_into_a_checkpoint_agl_eval_reads(
             ["model.lora_rank=4", "model.lora_alpha=1.5"],
             "model.lora_alpha=1.5: verl's LoRA takes a whole number",
         ),
+        (["verl_overrides=[engine.strategyy=fsdp2]"], "verl_overrides: verl's SFT config refuses them"),
+        (["verl_overrides=[engine.strategy]"], "verl_overrides: 'engine.strategy' is not key=value"),
     ],
 )
 def test_agl_sft_backend_verl_refuses_what_verl_cannot_do(
@@ -199,3 +201,21 @@ def test_a_row_that_trains_its_first_token_is_refused(tmp_path: Path) -> None:
     )
     with pytest.raises(SFTDataError, match="row 0 trains its first token"):
         write_rows([row], tmp_path / "rows.parquet")
+
+
+def test_the_torch_backend_refuses_verl_overrides(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps(SHORT_CHAT) + "\n")
+    with pytest.raises(SystemExit) as exited:
+        agl_sft(
+            [
+                "model.path=demo",
+                "data.source=chats",
+                f"data.chats_file={chats}",
+                f"output_dir={tmp_path / 'o'}",
+                "verl_overrides=[engine.strategy=fsdp2]",
+            ]
+        )
+    assert exited.value.code == 2
+    assert "verl_overrides is read by backend=verl only" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
