@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from agentlightning.client import GatewayUnavailable, Unauthorized
 from agentlightning.config.loader import (
@@ -87,58 +87,71 @@ def micro_batch_size(config: SFTConfig, world_size: int) -> int:
     return min(config.train.micro_batch_size, config.train.batch_size // world_size)
 
 
-def verl_config(config: SFTConfig, rows_file: Path, world_size: int = 1) -> DictConfig:
-    """verl's `sft_trainer_engine` config with agl-sft's settings, then `verl_overrides` (verl's keys:
-    what agl-sft has no key for, such as the FSDP strategy or flash-attn's remove-padding)."""
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
+def agl_settings(config: SFTConfig, rows_file: Path, world_size: int) -> dict[str, tuple[Any, str]]:
+    """The keys of verl's SFT config that agl-sft sets: verl key -> (value, what it comes from)."""
     from verl.utils.device import get_device_name
 
     m, t = config.model, config.train
-    ours = [
-        f"model.path={m.path}",
-        f"model.lora_rank={m.lora_rank}",
-        f"model.lora_alpha={int(m.lora_alpha)}",
-        f"model.target_modules={_hydra_value(m.target_modules)}",
-        f"data.train_files={rows_file}",
-        f"data.custom_cls.path={sft_rows.__file__}",
-        f"data.custom_cls.name={sft_rows.DATASET_CLASS}",
-        "data.pad_mode=no_padding",
-        f"data.train_batch_size={t.batch_size}",
-        f"data.micro_batch_size_per_gpu={micro_batch_size(config, world_size)}",
-        "data.use_dynamic_bsz=false",  # micro-batches of train.micro_batch_size rows, as the torch backend's
-        "data.num_workers=0",  # the rows are in memory: no loader processes
-        f"optim.lr={t.lr}",
-        f"optim.weight_decay={t.weight_decay}",
-        f"optim.clip_grad={t.grad_clip}",
-        f"optim.lr_warmup_steps={t.warmup_steps}",
-        "optim.lr_scheduler_type=constant",  # linear warm-up, then constant: the torch backend's
-        f"engine.seed={t.seed}",
-        f"trainer.seed={t.seed}",
-        f"trainer.total_epochs={t.epochs}",
-        f"trainer.default_local_dir={config.output_dir}",
-        "trainer.save_freq=-1",  # one checkpoint, after the last step
-        "trainer.test_freq=-1",
-        "trainer.resume_mode=disable",
-        "trainer.logger=[console]",
-        f"trainer.device={get_device_name()}",
-    ]
+    targets = m.target_modules if isinstance(m.target_modules, str) else list(m.target_modules)
+    return {
+        "model.path": (m.path, "model.path"),
+        "model.lora_rank": (m.lora_rank, "model.lora_rank"),
+        "model.lora_alpha": (int(m.lora_alpha), "model.lora_alpha"),
+        "model.target_modules": (targets, "model.target_modules"),
+        "data.train_files": (str(rows_file), "the rows agl-sft selects"),
+        "data.custom_cls.path": (sft_rows.__file__, "the rows agl-sft selects"),
+        "data.custom_cls.name": (sft_rows.DATASET_CLASS, "the rows agl-sft selects"),
+        "data.pad_mode": ("no_padding", "the rows agl-sft selects"),
+        "data.train_batch_size": (t.batch_size, "train.batch_size"),
+        "data.micro_batch_size_per_gpu": (micro_batch_size(config, world_size), "train.micro_batch_size"),
+        # micro-batches of rows, as the torch backend's, not of a token budget
+        "data.use_dynamic_bsz": (False, "train.micro_batch_size"),
+        "data.num_workers": (0, "the rows agl-sft selects"),  # in memory: no loader processes
+        "optim.lr": (t.lr, "train.lr"),
+        "optim.weight_decay": (t.weight_decay, "train.weight_decay"),
+        "optim.clip_grad": (t.grad_clip, "train.grad_clip"),
+        "optim.lr_warmup_steps": (t.warmup_steps, "train.warmup_steps"),
+        # linear warm-up, then constant: the torch backend's schedule
+        "optim.lr_scheduler_type": ("constant", "train.warmup_steps"),
+        "engine.seed": (t.seed, "train.seed"),
+        "trainer.seed": (t.seed, "train.seed"),
+        "trainer.total_epochs": (t.epochs, "train.epochs"),
+        "trainer.default_local_dir": (config.output_dir, "output_dir"),
+        "trainer.save_freq": (-1, "output_dir"),  # one checkpoint, after the last step, as agl-sft's
+        "trainer.test_freq": (-1, "the rows agl-sft selects"),
+        "trainer.resume_mode": ("disable", "output_dir"),
+        "trainer.logger": (["console"], "log_level"),
+        "trainer.device": (get_device_name(), "device"),
+    }
+
+
+def verl_config(config: SFTConfig, rows_file: Path, world_size: int = 1) -> DictConfig:
+    """verl's `sft_trainer_engine` config with `verl_overrides` (verl's own keys: what agl-sft has no
+    key for, such as the FSDP strategy or flash-attn's remove-padding), then agl-sft's settings. An
+    override of a key agl-sft sets is refused, naming the agl-sft key to set instead."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    settings = agl_settings(config, rows_file, world_size)
+    for item in config.verl_overrides:
+        key = item.partition("=")[0].lstrip("+~")
+        if key in settings:
+            raise ConfigError(
+                f"verl_overrides: {key} is set by agl-sft from {settings[key][1]}: set that instead"
+            )
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-            return compose(config_name="sft_trainer_engine", overrides=[*ours, *config.verl_overrides])
+            cfg = compose(config_name="sft_trainer_engine", overrides=list(config.verl_overrides))
     except Exception as exc:  # hydra's override errors: a key verl's SFT config does not have, a bad value
         raise ConfigError(
             f"verl_overrides: verl's SFT config refuses them: {str(exc).splitlines()[0]}"
         ) from None
     finally:
         GlobalHydra.instance().clear()
-
-
-def _hydra_value(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    return "[" + ",".join(str(v) for v in value) + "]"
+    for key, (value, _) in settings.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    return cfg
 
 
 # --- the trainer ---------------------------------------------------------------------------

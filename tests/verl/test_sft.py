@@ -137,6 +137,7 @@ def test_verl_sft_trains_the_torch_rows_into_a_checkpoint_agl_eval_reads(
         ),
         (["verl_overrides=[engine.strategyy=fsdp2]"], "verl_overrides: verl's SFT config refuses them"),
         (["verl_overrides=[engine.strategy]"], "verl_overrides: 'engine.strategy' is not key=value"),
+        (["verl_overrides=[optim.lr=0.1]"], "verl_overrides: optim.lr is set by agl-sft from train.lr"),
     ],
 )
 def test_agl_sft_backend_verl_refuses_what_verl_cannot_do(
