@@ -10,7 +10,7 @@ JSONL of chats), loaded once by rank 0. They go to verl 0.9.1's SFT trainer
 optimizer, LR scheduler and loop) as a parquet file of token ids read by our dataset class
 (`sft_rows.py`) through verl's `data.custom_cls` hook — verl's own chat dataset would re-tokenise.
 
-The checkpoint is the torch backend's layout (`torch_backend.sft.write_checkpoint`): verl's FSDP
+The checkpoint is the torch backend's layout (`trainer.sft.write_sft_checkpoint`): verl's FSDP
 weights gathered to rank 0, loaded strictly into the base model (LoRA: into the same peft adapter)
 and written as `policy_state.pt` (no optimizer state: verl's is sharded, and SFT does not resume),
 `adapter/` and `model/` — what agl-eval and `actor_rollout_ref.model.path` read.
@@ -40,15 +40,18 @@ from agentlightning.config.loader import (
 )
 from agentlightning.config.schema import ConfigError
 from agentlightning.log import get_logger
-from agentlightning.torch_backend.lora import adapter_state, apply_lora, lora_settings
-from agentlightning.torch_backend.models import is_builtin, load_model, load_tokenizer
-from agentlightning.torch_backend.sft import (
+from agentlightning.trainer.sft import (
+    ADAPTER_DIR,
+    LORA_KEY,
+    MODEL_DIR,
+    POLICY_STATE_FILE,
     SFTConfig,
+    SFTModelConfig,
     check_vocabulary,
     load_rows,
     load_sft_config,
     say,
-    write_checkpoint,
+    write_sft_checkpoint,
 )
 from agentlightning.trainer.sft_data import SFTDataError
 from agentlightning.verl import sft_rows
@@ -68,11 +71,13 @@ def check_config(config: SFTConfig) -> None:
             "(choose them with CUDA_VISIBLE_DEVICES, several with torchrun); use backend=torch for the CPU "
             "or a device of your choice"
         )
-    assert config.model.path is not None  # load_sft_config checked it
-    if is_builtin(config.model.path):
+    path = config.model.path
+    assert path is not None  # load_sft_config checked it
+    if not Path(path).is_dir() and (path.count("/") != 1 or ":" in path):
         raise ConfigError(
-            f"model.path={config.model.path}: a built-in model of the torch backend; verl loads a Hugging "
-            "Face folder (save the model with save_pretrained, or use backend=torch)"
+            f"model.path={path}: neither a folder nor a hub id (org/name): verl loads a Hugging Face model "
+            "(the torch backend's built-in models, such as demo, are not one: save it with save_pretrained, "
+            "or use backend=torch)"
         )
     if config.model.lora_rank and float(config.model.lora_alpha) != int(config.model.lora_alpha):
         raise ConfigError(
@@ -219,18 +224,49 @@ class Checkpoints:
 
     def write(self, step: int, state: dict[str, torch.Tensor]) -> Path:
         """verl's weights loaded strictly into the base model (and adapter), written as agl-sft writes."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
         sft: SFTConfig = self.trainer.sft
-        m = sft.model
-        assert m.path is not None
-        model, tokenizer = load_model(m.path, torch.device("cpu"), torch.float32, sft.train.seed)
-        settings = lora_settings(m.lora_rank, m.lora_alpha, m.target_modules)
-        peft_model = apply_lora(model, settings) if settings.enabled else None
+        assert sft.model.path is not None
+        model = AutoModelForCausalLM.from_pretrained(sft.model.path).float()
+        tokenizer = AutoTokenizer.from_pretrained(sft.model.path)
+        peft_model = with_adapter(model, sft.model) if sft.model.lora_rank else None
         weights = {k.removeprefix(PEFT_PREFIX): v.float() for k, v in state.items()}
         model.load_state_dict(weights, strict=True)  # every name verl trained is one of the model's
-        policy = {"model": adapter_state(model) if peft_model is not None else model.state_dict()}
+        # policy_state.pt as the torch backend writes it (agl-eval reads it): LoRA, the adapter only
+        policy = {k: v for k, v in weights.items() if LORA_KEY in k} if peft_model is not None else weights
+
+        def save_backend(folder: Path) -> None:
+            torch.save(
+                {"policy": {"model": policy}, "rng": {"torch": torch.get_rng_state()}},
+                folder / POLICY_STATE_FILE,
+            )
+            if peft_model is not None:
+                peft_model.save_pretrained(str(folder / ADAPTER_DIR))
+            if sft.save_model_folder:
+                merged = peft_model.merge_and_unload() if peft_model is not None else model
+                merged.save_pretrained(folder / MODEL_DIR)
+                tokenizer.save_pretrained(folder / MODEL_DIR)
+
         losses = self.trainer.epoch_losses()
         metrics = {"sft/loss": losses[-1] if losses else float("nan"), **self.trainer.metrics}
-        return write_checkpoint(sft, step, policy, model, peft_model, tokenizer, metrics, backend="verl")
+        return write_sft_checkpoint(sft, step, "verl", metrics, save_backend)
+
+
+def with_adapter(model: Any, settings: SFTModelConfig) -> Any:
+    """A fresh LoRA adapter injected into `model` in place, named as verl's peft names it (and as the
+    torch backend's `lora.apply_lora` does); returns the `PeftModel` around it."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = settings.target_modules
+    config = LoraConfig(
+        r=settings.lora_rank,
+        lora_alpha=int(settings.lora_alpha),
+        target_modules=targets if isinstance(targets, str) else list(targets),
+        lora_dropout=0.0,
+        bias="none",
+    )
+    return get_peft_model(model, config, adapter_name="default")
 
 
 def _mean(value: Any) -> float:
@@ -266,11 +302,11 @@ def _init_process_group() -> bool:
 
 def prepare_rows(config: SFTConfig, world_size: int) -> tuple[Path, dict[str, Any]]:
     """Rank 0's part: the rows loaded, checked and written for verl (`sft_rows.write_rows`)."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig, AutoTokenizer
 
     assert config.model.path is not None
     try:
-        tokenizer = load_tokenizer(config.model.path)
+        tokenizer = AutoTokenizer.from_pretrained(config.model.path)
         vocabulary = int(AutoConfig.from_pretrained(config.model.path).vocab_size)
     except OSError as exc:
         raise ConfigError(f"model.path: cannot load {config.model.path!r}: {exc}") from None

@@ -31,7 +31,7 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     init_single_process()
     from agentlightning.config.loader import load_cli_config
-    from agentlightning.torch_backend.sft import load_sft_config
+    from agentlightning.trainer.sft import load_sft_config
     from agentlightning.verl.sft import PROG, run_verl_sft
 
     overrides = f"verl_overrides=[{','.join(CPU_SFT_OVERRIDES)}]"

@@ -22,14 +22,14 @@ pytest.importorskip("verl", reason=SKIP_REASON)
 
 import torch
 
+from agentlightning.commands.backends import sft_main as agl_sft
 from agentlightning.evaluation.policies import export_checkpoint, parse_policy
 from agentlightning.rows import TrainingRow
 from agentlightning.tiny_model import build_tiny, save_tiny
 from agentlightning.torch_backend.lora import LORA_KEY
 from agentlightning.torch_backend.models import load_model
-from agentlightning.torch_backend.sft import MODEL_DIR, load_sft_config
-from agentlightning.torch_backend.sft import main as agl_sft
 from agentlightning.trainer.checkpoint import LOOP_STATE_FILE
+from agentlightning.trainer.sft import MODEL_DIR, load_sft_config
 from agentlightning.trainer.sft_data import SFTDataError, chat_rows
 from agentlightning.verl.sft import ROWS_FILE, prepare_rows, verl_config
 from agentlightning.verl.sft_rows import row_item, write_rows
@@ -130,7 +130,7 @@ def test_verl_sft_trains_the_torch_rows_into_a_checkpoint_agl_eval_reads(
     ("args", "said"),
     [
         (["device=cpu"], "device=cpu: verl's SFT trainer runs one process per GPU"),
-        (["model.path=demo"], "model.path=demo: a built-in model of the torch backend"),
+        (["model.path=demo"], "model.path=demo: neither a folder nor a hub id"),
         (
             ["model.lora_rank=4", "model.lora_alpha=1.5"],
             "model.lora_alpha=1.5: verl's LoRA takes a whole number",
