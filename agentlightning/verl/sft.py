@@ -5,7 +5,8 @@
 
 The keys are agl-sft's (`agentlightning/config/sft.yaml`), read by the same config class, and the
 rows the same (`trainer.sft_data`: the Gateway's records selected and aggregated as RL does, or a
-JSONL of chats), loaded once by rank 0. They go to verl 0.9.1's SFT trainer
+JSONL of chats), loaded once by rank 0 and written to `{output_dir}/sft_rows.parquet`, which every
+rank reads (on several nodes, `output_dir` must be shared storage). They go to verl 0.9.1's SFT trainer
 (`verl.trainer.sft_trainer.SFTTrainer`: its `TrainingWorker` on the FSDP engine, its `sft_loss`,
 optimizer, LR scheduler and loop) as a parquet file of token ids read by our dataset class
 (`sft_rows.py`) through verl's `data.custom_cls` hook — verl's own chat dataset would re-tokenise.
@@ -358,10 +359,11 @@ def run_verl_sft(config: SFTConfig) -> Path | None:
         cfg = verl_config(config, rows_file, world)
         trainer = trainer_class()(cfg, config, metrics)
         t = config.train
-        say(
-            f"{PROG}: {'LoRA rank ' + str(config.model.lora_rank) if config.model.lora_rank else 'full fine-tuning'}, "
-            f"{t.epochs} epoch(s), {trainer.total_training_steps} steps of {t.batch_size} rows, lr {t.lr:g}"
-        )
+        if rank == 0:
+            say(
+                f"{PROG}: {'LoRA rank ' + str(config.model.lora_rank) if config.model.lora_rank else 'full fine-tuning'}, "
+                f"{t.epochs} epoch(s), {trainer.total_training_steps} steps of {t.batch_size} rows, lr {t.lr:g}"
+            )
         trainer.fit()
         folder: Path | None = trainer.ckpt_handler.folder
         if rank == 0:
