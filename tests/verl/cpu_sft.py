@@ -1,6 +1,7 @@
-"""Run as a script: `agl-sft backend=verl` — verl's own SFT trainer (`agentlightning/verl/sft.py`) —
-on CPU, in this process, with the test-only CPU platform (`cpu_platform.py`). Prints the
-checkpoint folder. verl's engine is set for the CPU through agl-sft's own `verl_overrides`.
+"""Run as a script: the `agl-sft backend=verl` command — verl's own SFT trainer
+(`agentlightning/verl/sft.py`) — on CPU, in this process, with the test-only CPU platform
+(`cpu_platform.py`) set up first. verl's engine is set for the CPU through agl-sft's own
+`verl_overrides`.
 
     python -m tests.verl.cpu_sft [agl-sft key=value ...]
 """
@@ -27,18 +28,13 @@ CPU_SFT_OVERRIDES = [
 ]
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str]) -> int:
     torch.set_num_threads(1)
-    init_single_process()
-    from agentlightning.config.loader import load_cli_config
-    from agentlightning.trainer.sft import load_sft_config
-    from agentlightning.verl.sft import PROG, run_verl_sft
+    init_single_process()  # the process group the command then finds, on the CPU platform
+    from agentlightning.commands.backends import sft_main
 
-    overrides = f"verl_overrides=[{','.join(CPU_SFT_OVERRIDES)}]"
-    config = load_sft_config(load_cli_config("sft", [*argv, overrides], prog=PROG, strict=False))
-    folder = run_verl_sft(config)
-    print(f"SFT_CHECKPOINT {folder}", flush=True)
+    return sft_main(["backend=verl", *argv, f"verl_overrides=[{','.join(CPU_SFT_OVERRIDES)}]"])
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    raise SystemExit(main(sys.argv[1:]))

@@ -56,7 +56,7 @@ def test_verl_sft_trains_the_torch_rows_into_a_checkpoint_agl_eval_reads(
     model_dir, chats = tiny_and_chats(tmp_path)
     out = tmp_path / "sft"
     base, tokenizer = load_model(str(model_dir), torch.device("cpu"), torch.float32)
-    rows = chat_rows(chats, tokenizer)  # the torch backend's rows (torch_backend.sft.load_rows)
+    rows = chat_rows(chats, tokenizer)  # the torch backend's rows (trainer.sft.load_rows)
     before = nll(base, rows)
 
     done = subprocess.run(
@@ -81,7 +81,9 @@ def test_verl_sft_trains_the_torch_rows_into_a_checkpoint_agl_eval_reads(
         timeout=540,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    folder = Path(done.stdout.split("SFT_CHECKPOINT ")[-1].strip())
+    said = re.search(r"^agl-sft backend=verl: checkpoint (.+)$", done.stdout, re.M)
+    assert said, done.stdout[-3000:]
+    folder = Path(said[1])
     assert folder == out / f"global_step_{EPOCHS}"
 
     # The rows verl trained on are the torch path's: its dataset (loaded as verl's trainer loads it,
