@@ -34,7 +34,7 @@ COMMANDS: dict[str, Command] = {
     "init": Command("agentlightning.commands.init:main", "write a starter agent, dataset and config into a new folder"),
     "train": Command("agentlightning.commands.train:main", "train on a config (starts a local Gateway and Controller if it names no Gateway)"),
     "eval": Command("agentlightning.evaluation.cli:main", "evaluate a model or checkpoint on a dataset (= agl-eval)"),
-    "sft": Command("agentlightning.torch_backend.sft:main", "supervised fine-tuning on recorded rollouts or a JSONL of chats (= agl-sft)"),
+    "sft": Command("agentlightning.commands.backends:sft_main", "supervised fine-tuning on recorded rollouts or a JSONL of chats (= agl-sft)"),
     "doctor": Command("agentlightning.doctor.cli:main", "is this harness trainable? rollouts through the Gateway, checked (= agl-doctor)"),
     "serve": Command("agentlightning.server.cli:main", "run the API Gateway (= agl-server)"),
     "controller": Command("agentlightning.controller.cli:main", "run the Rollout Controller (= agl-controller)"),

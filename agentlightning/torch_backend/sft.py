@@ -1,22 +1,17 @@
-"""`agl-sft`: supervised fine-tuning with the torch backend, on the Gateway's records or on chats.
+"""`agl-sft` on the torch backend: supervised fine-tuning on the Gateway's records or on chats.
 
-    agl-sft [--config FILE.yaml] [key=value ...]          (keys: agentlightning/config/sft.yaml)
+    agl-sft [backend=torch] [--config FILE.yaml] [key=value ...]   (keys: agentlightning/config/sft.yaml)
 
-The rows come from `trainer.sft_data` (the recorded rollouts a selection keeps, built by the RL
-path's aggregation; or a JSONL of chats rendered with the model's chat template); the loss is
-the negative log-likelihood of their trainable tokens — the model's own — each token weighing
-the same within an optimizer step. Full fine-tuning or a LoRA adapter, as the RL backend's
-(`lora.py`). The result is a checkpoint in the RL layout (`trainer.checkpoint`):
+The config, the rows and the checkpoint's record are every backend's (`trainer.sft`; `backend=verl`
+trains the same rows with verl's own SFT trainer, `verl/sft.py`). Here the loss is the negative
+log-likelihood of the rows' trainable tokens — the model's own — each token weighing the same
+within an optimizer step, on `PolicyUpdater`. Full fine-tuning or a LoRA adapter, as the RL
+backend's (`lora.py`). The checkpoint is in the RL layout (`trainer.sft.write_sft_checkpoint`):
+`policy_state.pt` holds the weights (LoRA: the adapter) and the AdamW state, `model/` a Hugging
+Face folder (LoRA merged) that RL starts from and agl-eval reads.
 
-    {output_dir}/global_step_{N}/loop_state.json    the step and the config, with the
-                                                    `actor_rollout_ref.model` block agl-eval reads
-    {output_dir}/global_step_{N}/policy_state.pt    the weights (LoRA: the adapter), AdamW state
-    {output_dir}/global_step_{N}/adapter/           LoRA: the adapter in peft's layout
-    {output_dir}/global_step_{N}/model/             a Hugging Face folder (LoRA merged): what RL
-                                                    starts from (`actor_rollout_ref.model.path`)
-
-`agl-eval policies=[sft={output_dir}]` evaluates it. Every setting is checked before anything
-loads (a misspelt key fails with the closest one), and the data before anything trains.
+Every setting is checked before anything loads (a misspelt key fails with the closest one), and
+the data before anything trains.
 """
 
 from __future__ import annotations
@@ -26,15 +21,12 @@ import random
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
-from agentlightning.aggregation import AggregationLevel, AggregationStats, RowLimits
-from agentlightning.client import GatewayClient, GatewayUnavailable, Unauthorized
+from agentlightning.client import GatewayUnavailable, Unauthorized
 from agentlightning.config.loader import (
     catch_interrupts,
     exit_on_interrupt,
@@ -42,7 +34,7 @@ from agentlightning.config.loader import (
     load_cli_config,
     setup_logging,
 )
-from agentlightning.config.schema import ConfigError, fill
+from agentlightning.config.schema import ConfigError
 from agentlightning.log import get_logger
 from agentlightning.rows import TrainingRow
 from agentlightning.torch_backend.checkpoint import save_policy_state, torch_rng_state
@@ -56,159 +48,32 @@ from agentlightning.torch_backend.lora import (
 )
 from agentlightning.torch_backend.models import load_model, resolve_device
 from agentlightning.torch_backend.policy import ActorConfig, OptimConfig, PolicyUpdater
-from agentlightning.trainer.sft_data import Selection, SelectionCounts, SFTDataError, chat_rows, store_rows
+from agentlightning.trainer.sft import (
+    MODEL_DIR,
+    PROG,
+    SFTConfig,
+    check_vocabulary,
+    load_rows,
+    load_sft_config,
+    say,
+    write_sft_checkpoint,
+)
+from agentlightning.trainer.sft_data import SFTDataError
 
-PROG = "agl-sft"
-MODEL_DIR = "model"  # in a checkpoint folder: the policy as a Hugging Face folder
+__all__ = ["MODEL_DIR", "PROG", "SFTConfig", "batches", "load_sft_config", "main", "run_sft"]
 
 log = get_logger("sft")
 
 
-# --- the config ----------------------------------------------------------------------------
-
-
-@dataclass
-class SFTModelConfig:
-    path: str | None = None
-    lora_rank: int = 0
-    lora_alpha: float = 16.0
-    target_modules: Any = "all-linear"
-
-
-@dataclass
-class GatewaySource:
-    url: str | None = None
-    key: str = ""
-
-
-@dataclass
-class SFTDataConfig:
-    source: str = "gateway"
-    gateway: GatewaySource = field(default_factory=GatewaySource)
-    select: Selection = field(default_factory=Selection)
-    level: str = AggregationLevel.TRAJECTORY.value
-    max_prompt_length: int | None = None
-    max_response_length: int | None = None
-    chats_file: str | None = None
-    max_length: int | None = None
-
-
-@dataclass
-class SFTTrainConfig:
-    epochs: int = 3
-    batch_size: int = 16
-    micro_batch_size: int = 16
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    warmup_steps: int = 0
-    seed: int = 0
-
-
-@dataclass
-class SFTConfig:
-    model: SFTModelConfig = field(default_factory=SFTModelConfig)
-    data: SFTDataConfig = field(default_factory=SFTDataConfig)
-    train: SFTTrainConfig = field(default_factory=SFTTrainConfig)
-    output_dir: str = "checkpoints/sft"
-    save_model_folder: bool = True
-    device: str = "auto"
-    torch_threads: int = 0
-    log_level: str = "info"
-
-    def validate(self) -> None:
-        if not self.model.path:
-            raise ConfigError(
-                "model.path is not set: the model to fine-tune (a Hugging Face folder or `demo`)"
-            )
-        try:
-            lora_settings(self.model.lora_rank, self.model.lora_alpha, self.model.target_modules)
-        except ValueError as exc:
-            raise ConfigError(str(exc).replace("actor_rollout_ref.model.", "model.")) from None
-        data = self.data
-        if data.source not in ("gateway", "chats"):
-            raise ConfigError(f"data.source must be gateway or chats, got {data.source!r}")
-        if data.source == "gateway":
-            if not data.gateway.url:
-                raise ConfigError("data.source=gateway needs data.gateway.url (and data.gateway.key)")
-            if data.chats_file:
-                raise ConfigError("data.chats_file is read with data.source=chats only: set one source")
-        else:
-            if not data.chats_file:
-                raise ConfigError("data.source=chats needs data.chats_file (a JSONL of OpenAI chats)")
-            if data.gateway.url:
-                raise ConfigError("data.gateway.url is read with data.source=gateway only: set one source")
-        try:
-            AggregationLevel(data.level)
-        except ValueError:
-            raise ConfigError(f"data.level must be trajectory or transition, got {data.level!r}") from None
-        try:
-            data.select.validate()
-        except SFTDataError as exc:
-            raise ConfigError(str(exc)) from None
-        for key in ("max_prompt_length", "max_response_length", "max_length"):
-            value = getattr(data, key)
-            if value is not None and value < 1:
-                raise ConfigError(f"data.{key} must be >= 1 or null, got {value}")
-        t = self.train
-        for key in ("epochs", "batch_size", "micro_batch_size"):
-            if getattr(t, key) < 1:
-                raise ConfigError(f"train.{key} must be >= 1, got {getattr(t, key)}")
-        if not t.lr > 0:
-            raise ConfigError(f"train.lr must be > 0, got {t.lr}")
-        if t.warmup_steps < 0 or t.weight_decay < 0 or t.grad_clip <= 0:
-            raise ConfigError("train.warmup_steps and train.weight_decay must be >= 0, train.grad_clip > 0")
-        if self.torch_threads < 0:
-            raise ConfigError(f"torch_threads must be >= 0, got {self.torch_threads}")
-
-
-def load_sft_config(cfg: DictConfig | dict[str, Any]) -> SFTConfig:
-    """The checked config; a key it does not read fails naming the closest one it does."""
-    config: SFTConfig = fill(SFTConfig, cfg, label="agl-sft")
-    config.validate()
-    return config
+def check_torch_config(config: SFTConfig) -> None:
+    """What only the verl backend reads is refused here."""
+    if config.verl_overrides:
+        raise ConfigError(
+            "verl_overrides is read by backend=verl only (verl's own SFT keys): remove it, or add backend=verl"
+        )
 
 
 # --- the data ------------------------------------------------------------------------------
-
-
-def load_rows(config: SFTConfig, tokenizer: Any) -> tuple[list[TrainingRow], dict[str, Any]]:
-    """The rows to train on and what their selection saw (SFTDataError when there are none)."""
-    data = config.data
-    if data.source == "chats":
-        assert data.chats_file is not None  # validate() checked it
-        return chat_rows(data.chats_file, tokenizer, data.max_length), {}
-    counts = SelectionCounts()
-    assert data.gateway.url is not None
-    with GatewayClient(data.gateway.url, data.gateway.key) as client:
-        rows = store_rows(
-            client,
-            data.select,
-            AggregationLevel(data.level),
-            RowLimits(data.max_prompt_length, data.max_response_length),
-            counts,
-        )
-    stats: AggregationStats = counts.stats
-    return rows, {
-        "rollouts_kept": counts.kept,
-        "prompts": counts.groups,
-        "terminal_rollouts": counts.terminal,
-        "calls": stats.n_calls,
-        "rows_truncated": stats.n_truncated,
-        "rows_dropped_prompt_too_long": stats.n_dropped_prompt_too_long,
-        "merge_mismatches": stats.n_merge_mismatch,
-    }
-
-
-def check_vocabulary(rows: Sequence[TrainingRow], model: Any) -> None:
-    """Every token id fits the model's embedding; else the rows come from another tokenizer."""
-    size = int(model.get_input_embeddings().num_embeddings)
-    top = max(max(r.prompt_ids + r.response_ids) for r in rows)
-    if top >= size:
-        raise SFTDataError(
-            f"the rows hold token id {top}, past the model's vocabulary ({size} ids): they were recorded "
-            "with another tokenizer; fine-tune the model that produced them (or one sharing its tokenizer)"
-        )
 
 
 def batches(rows: Sequence[TrainingRow], size: int, rng: random.Random) -> list[list[TrainingRow]]:
@@ -229,12 +94,9 @@ def batches(rows: Sequence[TrainingRow], size: int, rng: random.Random) -> list[
 # --- the run -------------------------------------------------------------------------------
 
 
-def say(line: str) -> None:
-    print(line, flush=True)
-
-
 def run_sft(config: SFTConfig) -> Path:
     """Fine-tune; returns the checkpoint folder."""
+    check_torch_config(config)
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     torch.manual_seed(config.train.seed)
@@ -245,7 +107,7 @@ def run_sft(config: SFTConfig) -> Path:
     except OSError as exc:
         raise ConfigError(f"model.path: cannot load {config.model.path!r}: {exc}") from None
     rows, seen = load_rows(config, tokenizer)
-    check_vocabulary(rows, model)
+    check_vocabulary(rows, int(model.get_input_embeddings().num_embeddings))
     n_tokens = sum(r.n_trainable for r in rows)
     say(f"{PROG}: {len(rows)} rows, {n_tokens} trainable tokens" + (f" ({seen})" if seen else ""))
     settings = lora_settings(config.model.lora_rank, config.model.lora_alpha, config.model.target_modules)
@@ -280,29 +142,9 @@ def run_sft(config: SFTConfig) -> Path:
     return folder
 
 
-def checkpoint_config(config: SFTConfig) -> dict[str, Any]:
-    """The config a checkpoint records: ours, and the RL keys that say what model it holds
-    (what agl-eval and the RL trainer read from a checkpoint)."""
-    model = config.model
-    return {
-        "actor_rollout_ref": {
-            "model": {
-                "path": model.path,
-                "lora_rank": model.lora_rank,
-                "lora_alpha": model.lora_alpha,
-                "target_modules": model.target_modules,
-            }
-        },
-        "agentlightning": {"seed": config.train.seed},
-        "sft": OmegaConf.to_container(OmegaConf.structured(config), resolve=True),
-    }
-
-
 def save(
     config: SFTConfig, updater: PolicyUpdater, peft_model: Any, tokenizer: Any, metrics: dict[str, Any]
 ) -> Path:
-    from agentlightning.trainer.checkpoint import save_checkpoint
-
     def save_backend(folder: Path) -> None:
         policy = updater.state_dict()
         if peft_model is not None:
@@ -314,14 +156,7 @@ def save(
             merged.save_pretrained(folder / MODEL_DIR)
             tokenizer.save_pretrained(folder / MODEL_DIR)
 
-    state = {
-        "step": updater.steps,
-        "version": updater.steps,
-        "kind": "sft",
-        "metrics": metrics,
-        "config": checkpoint_config(config),
-    }
-    return save_checkpoint(config.output_dir, updater.steps, state, save_backend)
+    return write_sft_checkpoint(config, updater.steps, "torch", metrics, save_backend)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -329,6 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = load_cli_config("sft", args, prog=PROG, strict=False)
     try:
         config = load_sft_config(cfg)
+        check_torch_config(config)
     except ConfigError as exc:
         fail(PROG, f"bad config: {exc}")
     setup_logging(PROG, config.log_level)
