@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -74,19 +75,46 @@ def test_every_bench_script_is_smoke_tested_or_a_helper() -> None:
     assert scripts == set(SMOKES) | helpers | reliability
 
 
+SMOKE_DEADLINE = 900  # seconds: a hang guard, not a speed test (a smoke run is seconds to minutes)
+
+
+@pytest.mark.timeout(SMOKE_DEADLINE + 60)  # the run's own deadline comes first and shows its output
 @pytest.mark.parametrize("name", sorted(SMOKES))
 def test_bench_smoke(name: str) -> None:
     require(_missing(name))
     interpreter, report = SMOKES[name]
     env = {**os.environ, "PYTHONPATH": str(REPO)}  # bench.* and this tree's agentlightning
-    out = subprocess.run(
+    # In a session of its own: a run stopped before its end is stopped as Ctrl-C stops it, so that
+    # it stops what it started (a timed-out run of bench/opd.py once left its teacher server running).
+    with subprocess.Popen(
         [interpreter, f"bench/{name}.py", "--smoke"],
         cwd=REPO,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=600,
-        check=False,
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert re.search(report, out.stdout), out.stdout[-3000:]
+        start_new_session=True,
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=SMOKE_DEADLINE)
+        except BaseException:
+            interrupt(proc)
+            raise
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert re.search(report, stdout), stdout[-3000:]
+
+
+def interrupt(proc: subprocess.Popen[str], grace: float = 60) -> None:
+    """Ctrl-C to the run's session, SIGKILL to what is left of it after `grace` seconds; its
+    output's end is printed (pytest shows it with the failure)."""
+    for sig, wait in ((signal.SIGINT, grace), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            stdout, stderr = proc.communicate(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        print(stdout[-3000:] + stderr[-3000:])
+        break
