@@ -11,6 +11,7 @@ before (no wait for anything that comes later). The bytes on the wire are the sa
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -36,6 +37,14 @@ class CoalescingTransport:
         pending, self._pending = self._pending, []
         if pending and not self._transport.is_closing():
             self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+
+    def writelines(self, data: Iterable[bytes]) -> None:  # behind what is pending, as write
+        for chunk in data:
+            self.write(chunk)
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
 
     def close(self) -> None:
         self.flush()

@@ -36,8 +36,9 @@ async def test_writes_of_one_turn_go_out_as_one_send() -> None:
     await asyncio.sleep(0)  # the end of the turn
     assert inner.sent == [b"HTTP/1.1 200 OK\r\n\r\nbody"]
     transport.write(b"event")  # a stream's later event: its own send, at the end of its turn
+    transport.writelines([b" and", b" more"])
     await asyncio.sleep(0)
-    assert inner.sent == [b"HTTP/1.1 200 OK\r\n\r\nbody", b"event"]
+    assert inner.sent == [b"HTTP/1.1 200 OK\r\n\r\nbody", b"event and more"]
     assert transport.get_extra_info("peername") == "info:peername"  # the rest is the transport's
 
 
