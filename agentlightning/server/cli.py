@@ -15,6 +15,7 @@ from agentlightning.config.loader import config_error, fail, load_cli_config
 from agentlightning.log import configure_logging
 from agentlightning.server.app import create_app
 from agentlightning.server.config import load_server_config
+from agentlightning.server.http_protocol import GatewayHttpProtocol
 from agentlightning.server.state import GatewayState
 from agentlightning.server.store import StoreLocked
 
@@ -56,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             port=config.port,
             log_level=config.log_level,
             access_log=False,
+            http=GatewayHttpProtocol,  # an answer's head and body in one send (http_protocol.py)
             timeout_keep_alive=75,
             backlog=4096,
             # Long-polls end at a shutdown's start; this bounds what else is still running.

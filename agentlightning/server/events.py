@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import orjson
 
+from agentlightning.model_call import CallTriplet
 from agentlightning.schemas import EVENT_MODEL_REQUEST
 from agentlightning.server.store.base import EventRecord, StoredEvent
 from agentlightning.server.store.delta import CallDraft, prompt_key_of, split_call
@@ -25,13 +26,16 @@ def make_record(
     data: Mapping[str, Any],
     timestamp: float,
     delta: bool = True,
+    call: CallTriplet[list[int]] | None = None,
 ) -> EventRecord:
     """Encode an event for storage. Raises UnencodableEvent for integers beyond 64 bits or
     strings with lone surrogates, which JSON readers elsewhere would not read back the same.
 
     A model call is split for storage as a delta against an earlier one (store/delta.py)
-    unless `delta` is False (then it is stored whole, as before)."""
-    call = model_request_triplet(data) if event_type == EVENT_MODEL_REQUEST else None
+    unless `delta` is False (then it is stored whole, as before). `call`: the model call's
+    `model_request_triplet(data)` where the caller already has it."""
+    if call is None and event_type == EVENT_MODEL_REQUEST:
+        call = model_request_triplet(data)
     try:
         if delta and call is not None:
             split = split_call(data, call)

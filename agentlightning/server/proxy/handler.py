@@ -257,7 +257,7 @@ async def _dispatch(
     if api != "completions":  # the attempt's earlier calls, to say where this one's prompt breaks off
         messages = messages_of(upstream_body)
         await runtime.tokens.recall(state.store, rollout_id, attempt_id, messages, None)
-        record.before_save = lambda: runtime.tokens.observe(record, upstream_body, messages)
+        record.before_save = lambda saved, call: runtime.tokens.observe(saved, call, upstream_body, messages)
     forwarded = await runtime.upstream.forward(
         lambda: pick_endpoint(state.models.endpoints(request.model_name), rollout_id),
         BY_API[api].upstream,

@@ -14,6 +14,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 ATTEMPTS = 4096  # attempts remembered (least recently used forgotten)
 TURNS = 8  # calls remembered per attempt (the latest)
 MAX_TOKENS = 4_000_000  # token ids held in all (~36 bytes each as Python ints): ~150 MB at most
@@ -55,7 +57,7 @@ def meaning(message: dict[str, Any]) -> tuple[Any, ...]:
 @dataclass
 class Turn:
     messages: list[tuple[Any, ...]]  # the request's messages, by meaning
-    tools: str  # the request's tools, as canonical JSON
+    tools: str  # the request's tools, as canonical JSON (tools_key)
     # the prompt as the server renders the request; None for a call read back from the store
     # whose prompt was continued (its rendering is not stored: token_exact.py renders it again)
     rendered: list[int] | None
@@ -66,7 +68,13 @@ class Turn:
 
 
 def tools_key(chat: dict[str, Any]) -> str:
-    return json.dumps(chat.get("tools") or [], sort_keys=True)
+    """The request's tools as canonical JSON (sorted keys), compared between an attempt's calls.
+    orjson: json.dumps took 17x as long (175 µs) for a list of 15 tools, on every call."""
+    tools = chat.get("tools") or []
+    try:
+        return orjson.dumps(tools, option=orjson.OPT_SORT_KEYS).decode()
+    except orjson.JSONEncodeError:  # beyond orjson (integers over 64 bits): still canonical
+        return json.dumps(tools, sort_keys=True)
 
 
 class AttemptHistory:

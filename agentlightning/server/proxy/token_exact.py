@@ -30,6 +30,7 @@ from typing import Any
 import orjson
 
 from agentlightning.log import get_logger
+from agentlightning.model_call import CallTriplet
 from agentlightning.schemas import EVENT_MODEL_REQUEST, Model
 from agentlightning.server.proxy.capture import CallRecord
 from agentlightning.server.proxy.history import (
@@ -111,8 +112,14 @@ class TokenExact:
         self.warned: set[str] = set()  # endpoints already named in a pass-through warning
         self.history = AttemptHistory()
 
-    def observe(self, record: CallRecord, chat: dict[str, Any], messages: list[tuple[Any, ...]]) -> None:
-        observe_pass_through(self.history, record, chat, messages)
+    def observe(
+        self,
+        record: CallRecord,
+        call: CallTriplet[list[int]],
+        chat: dict[str, Any],
+        messages: list[tuple[Any, ...]],
+    ) -> None:
+        observe_pass_through(self.history, record, call, chat, messages)
 
     async def recall(
         self,
@@ -531,16 +538,20 @@ def turn_of(data: dict[str, Any]) -> tuple[Turn, dict[str, Any]] | None:
 
 
 def observe_pass_through(
-    history: AttemptHistory, record: CallRecord, chat: dict[str, Any], messages: list[tuple[Any, ...]]
+    history: AttemptHistory,
+    record: CallRecord,
+    call: CallTriplet[list[int]],
+    chat: dict[str, Any],
+    messages: list[tuple[Any, ...]],
 ) -> None:
     """Note a pass-through call's segment: whether the prompt the server rendered continues the
-    attempt's previous call token for token, and if not, why and where (`segment.break`)."""
+    attempt's previous call token for token, and if not, why and where (`segment.break`).
+    `call` is the record's `model_request_triplet`."""
     d = record.data
     response = d.get("response")
     if d.get("status") != "ok" or not isinstance(response, dict):
         return
-    triplet = model_request_triplet(d)
-    prompt, answer_ids = triplet["prompt_token_ids"], triplet["response_token_ids"]
+    prompt, answer_ids = call["prompt_token_ids"], call["response_token_ids"]
     if not prompt:
         return
     tools = tools_key(chat)
