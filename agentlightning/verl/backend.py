@@ -176,12 +176,13 @@ class VerlBackend:
         """The student's tokenizer, loaded as verl's workers load it (`model.tokenizer_path`, else
         `model.path`)."""
         model = self.view.actor_rollout_ref.model
-        path = model.get("tokenizer_path") or model.path
+        key = "tokenizer_path" if model.get("tokenizer_path") else "path"
+        path = model[key]
         try:
             return _load_tokenizer(path, bool(model.get("trust_remote_code", False)))
         except OSError as exc:
             raise ConfigError(
-                f"actor_rollout_ref.model.path: cannot load the tokenizer of {path!r}: {exc}"
+                f"actor_rollout_ref.model.{key}: cannot load the tokenizer of {path!r}: {exc}"
             ) from None
 
     def _to_batch(self, workers: Workers, rows: Sequence[TrainingRow]) -> tuple[Any, Any]:
