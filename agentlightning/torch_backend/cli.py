@@ -69,8 +69,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from transformers.utils import logging as hf_logging
 
     from agentlightning.config.schema import ConfigError
-    from agentlightning.torch_backend.distill import DistillError
     from agentlightning.torch_backend.trainer import TorchTrainer  # torch: after the cheap checks
+    from agentlightning.trainer.distill import DistillError
     from agentlightning.trainer.failures import AllRolloutsFailed
 
     hf_logging.disable_progress_bar()  # our own progress bar is the one to read

@@ -17,7 +17,6 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from agentlightning.config.schema import ConfigError, dataclass_keys
-from agentlightning.torch_backend.distill import DistillConfig
 from agentlightning.torch_backend.lora import LoraSettings, lora_settings
 from agentlightning.torch_backend.losses import RolloutCorrection
 from agentlightning.torch_backend.policy import ActorConfig
@@ -31,6 +30,7 @@ from agentlightning.trainer.config import (
     core_config_keys,
     load_section,
 )
+from agentlightning.trainer.distill import DistillConfig
 
 
 @dataclass

@@ -28,7 +28,6 @@ from agentlightning.torch_backend.checkpoint import (
     torch_rng_state,
 )
 from agentlightning.torch_backend.config import TorchBackendConfig, load_torch_backend_config
-from agentlightning.torch_backend.distill import Teacher, check_same_tokenizer, distill
 from agentlightning.torch_backend.lora import (
     ADAPTER_DIR,
     adapter_state,
@@ -42,6 +41,7 @@ from agentlightning.torch_backend.policy import PolicyUpdater
 from agentlightning.torch_backend.rollout_engine import RolloutEngine, open_rollout_engine
 from agentlightning.trainer import ConfigError, CoreConfig, TrainingBatch
 from agentlightning.trainer.config import TrainingConfig, load_training_config
+from agentlightning.trainer.distill import Teacher, distill, open_teacher
 from agentlightning.trainer.loop import TrainingLoop
 
 log = get_logger("torch_backend")
@@ -83,7 +83,10 @@ class TorchBackend:
                 key = f"agentlightning.policies.{self.served_name}.path"
             raise ConfigError(f"{key}: cannot load {self.model_path!r}: {exc}") from None
         if self.config.distill.enable:
-            self.teacher = self._teacher(tokenizer)
+            seed = self.core.agl.seed
+            self.teacher = open_teacher(
+                self.config.distill, tokenizer, lambda name: load_tokenizer(name, seed)
+            )
         policy = self._with_lora(policy)
         self._set_lr_horizon(total_steps)
         self.updater = PolicyUpdater(
@@ -143,19 +146,6 @@ class TorchBackend:
             parameters=total,
         )
         return model
-
-    def _teacher(self, tokenizer: Any) -> Teacher:
-        """The distillation teacher, its tokenizer checked against the student's first."""
-        settings = self.config.distill
-        assert settings.teacher_tokenizer is not None  # validate() checked it
-        try:
-            teacher_tokenizer = load_tokenizer(settings.teacher_tokenizer, self.core.agl.seed)
-        except OSError as exc:
-            raise ConfigError(
-                f"algorithm.distill.teacher_tokenizer: cannot load {settings.teacher_tokenizer!r}: {exc}"
-            ) from None
-        check_same_tokenizer(tokenizer, teacher_tokenizer)
-        return Teacher(settings)
 
     def update(self, batch: TrainingBatch) -> dict[str, float]:
         assert self.updater is not None, "start() first"

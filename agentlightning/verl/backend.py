@@ -14,6 +14,12 @@ A step, colocated (verl 0.9.1's legacy builder puts the actor and the replicas o
     publish   (the core: pause — already paused — drain, then) verl's weight sync wakes the
               replicas with the new weights; the core registers the new version and resumes
 
+With on-policy distillation (`algorithm.distill`, `trainer/distill.py`) the teacher scores the
+step's rows before the pause (it is another server: agents need not wait for it), and each row
+gets its per-token advantages, which `batch.py` puts in verl's `advantages` in place of the
+rollout's scalar. The teacher's tokenizer is checked against the student's at start, before
+Ray and the workers.
+
 If the update fails, the Gateway is resumed before the error goes on. Checkpoints: the core
 writes its loop state, this backend verl's actor checkpoint (weights, optimizer, LR scheduler,
 RNG) into `actor/` of the same folder.
@@ -29,8 +35,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from agentlightning.client import GatewayClient
+from agentlightning.config.schema import ConfigError
 from agentlightning.log import get_logger
+from agentlightning.rows import TrainingRow
 from agentlightning.trainer import CoreConfig, TrainingBatch
+from agentlightning.trainer.distill import Teacher, distill, open_teacher
 from agentlightning.trainer.loop import TrainingLoop
 from agentlightning.trainer.publish import EndpointPublisher
 from agentlightning.verl.batch import rows_to_batch
@@ -100,10 +109,13 @@ class VerlBackend:
         )
         self.workers: Workers | None = None
         self.optimizer_steps = 0
+        self.teacher: Teacher | None = None  # algorithm.distill: scores the rows' tokens before each update
 
     # --- TrainerBackend ----------------------------------------------------------------------
 
     def start(self, step: int, version: int, total_steps: int, checkpoint: Path | None) -> list[str]:
+        if self.ours.distill.enable:  # before Ray and the workers: a wrong teacher fails in seconds
+            self.teacher = open_teacher(self.ours.distill, self._student_tokenizer(), _load_tokenizer)
         per_step = -(-self.core.train_batch_size // self.core.ppo_mini_batch_size)
         epochs = int(self.view.actor_rollout_ref.actor.ppo_epochs)
         self.workers = self._make_workers(self.view, total_steps * per_step * epochs)
@@ -117,12 +129,15 @@ class VerlBackend:
     def update(self, batch: TrainingBatch) -> dict[str, float]:
         workers = self._need_workers()
         metrics: dict[str, float] = {}
+        scores = self.teacher.score_rows(batch.rows) if self.teacher is not None and batch.rows else None
         state = self.client.pause(self.gate.retry_after_seconds, reason="verl: training on the serving GPUs")
         try:
             drained, residual = self.gate.drain(self.gate.drain_timeout_seconds)
             if not drained:
                 log.warning("drain_timed_out_before_training", inflight=residual)
             workers.sleep_replicas()
+            if scores is not None:
+                metrics.update(self._distill(workers, batch.rows, scores))
             metrics.update(self._train(workers, batch))
         except BaseException:
             self.client.resume()  # replicas may sleep, but agents must not wait on a dead trainer
@@ -141,6 +156,9 @@ class VerlBackend:
         self._need_workers().load_checkpoint(str(folder / ACTOR_DIR))
 
     def close(self) -> None:
+        if self.teacher is not None:
+            self.teacher.close()
+            self.teacher = None
         if self._own_client:
             self.client.close()
         workers, self.workers = self.workers, None
@@ -154,16 +172,46 @@ class VerlBackend:
             raise RuntimeError("VerlBackend.start() first")
         return self.workers
 
-    def _train(self, workers: Workers, batch: TrainingBatch) -> dict[str, float]:
-        mini_batches = batch.minibatches()
+    def _student_tokenizer(self) -> Any:
+        """The student's tokenizer, loaded as verl's workers load it (`model.tokenizer_path`, else
+        `model.path`)."""
+        model = self.view.actor_rollout_ref.model
+        key = "tokenizer_path" if model.get("tokenizer_path") else "path"
+        path = model[key]
+        try:
+            return _load_tokenizer(path, bool(model.get("trust_remote_code", False)))
+        except OSError as exc:
+            raise ConfigError(
+                f"actor_rollout_ref.model.{key}: cannot load the tokenizer of {path!r}: {exc}"
+            ) from None
+
+    def _to_batch(self, workers: Workers, rows: Sequence[TrainingRow]) -> tuple[Any, Any]:
+        """Rows as verl's batch for these workers (ranks, whole micro-batches, R3 routes)."""
         actor = self.view.actor_rollout_ref.actor
         micro = 1 if actor.use_dynamic_bsz else int(actor.ppo_micro_batch_size_per_gpu)
         r3 = router_replay_mode(self.view) == "R3"
-        protos = [
-            rows_to_batch(mb, workers.pad_token_id, workers.dp_size, micro, require_routed_experts=r3)[0]
-            for mb in mini_batches
-            if mb
-        ]
+        return rows_to_batch(rows, workers.pad_token_id, workers.dp_size, micro, require_routed_experts=r3)
+
+    def _distill(
+        self, workers: Workers, rows: Sequence[TrainingRow], scores: Sequence[Sequence[float]]
+    ) -> dict[str, float]:
+        """Each row's `token_advantages` from the teacher's and the student's log-probs: those the
+        Gateway recorded, or the actor's where a call lacked them (as the torch backend)."""
+        missing = [r for r in rows if r.rollout_log_probs is None]
+        recomputed: dict[int, list[float]] = {}
+        if missing:
+            proto, layout = self._to_batch(workers, missing)
+            log_probs = workers.compute_log_probs(proto)
+            for k, i in enumerate(layout.source):
+                if i is not None:
+                    recomputed[id(missing[i])] = log_probs[k, : len(missing[i].response_ids)].tolist()
+        student = [r.rollout_log_probs or recomputed[id(r)] for r in rows]
+        assert self.teacher is not None
+        return distill(rows, scores, student, self.teacher.config)
+
+    def _train(self, workers: Workers, batch: TrainingBatch) -> dict[str, float]:
+        actor = self.view.actor_rollout_ref.actor
+        protos = [self._to_batch(workers, mb)[0] for mb in batch.minibatches() if mb]
         recompute = self.ours.old_log_prob_source == "recompute"
         diffs: list[float] = []
         kl = bool(actor.use_kl_loss)
@@ -201,6 +249,12 @@ class VerlBackend:
             t["rollout_is_weights"] = t["rollout_is_weights"] * ratio * mask
         t["old_log_probs"] = old
         return diffs
+
+
+def _load_tokenizer(path: str, trust_remote_code: bool = False) -> Any:
+    from verl.utils import hf_tokenizer
+
+    return hf_tokenizer(path, trust_remote_code=trust_remote_code)
 
 
 class VerlTrainer(TrainingLoop):

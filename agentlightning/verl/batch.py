@@ -4,7 +4,9 @@ verl's standard layout: `prompts` left-padded to the longest prompt, `responses`
 the longest response, `input_ids = prompts ‖ responses`, `attention_mask` 1 on real tokens,
 `position_ids` counting real tokens from 0. Per response token: `response_mask` (1 trainable,
 0 context — tool output and user turns between calls — and padding), `old_log_probs` (the
-rollout's, 0 on context), `advantages` (the rollout's scalar on trainable tokens), and
+rollout's, 0 on context), `advantages` (the row's `token_advantages` where it has them — on-policy
+distillation's per-token signal — else the rollout's scalar, on trainable tokens; verl's loss
+takes them per token as they are), and
 `rollout_is_weights = loss_weight · response_mask`.
 
 The loss weights ride in `rollout_is_weights` because verl 0.9.1's `ppo_loss` hands the policy
@@ -205,7 +207,8 @@ def rows_to_batch(
         mask = torch.tensor(row.response_mask, dtype=torch.long)
         response_mask[k, :rl] = mask
         maskf = mask.float()
-        advantages[k, :rl] = maskf * row.advantage
+        per_token = row.token_advantages  # distillation: one advantage per token, else the rollout's
+        advantages[k, :rl] = maskf * (row.advantage if per_token is None else torch.tensor(per_token))
         weights[k, :rl] = maskf * row.loss_weight
         if have_lp:
             assert row.rollout_log_probs is not None

@@ -30,6 +30,7 @@ def main(argv: Sequence[str]) -> None:
     except ImportError as exc:
         fail(PROG, str(exc))
     from agentlightning.config.schema import ConfigError
+    from agentlightning.trainer.distill import DistillError
     from agentlightning.verl.backend import VerlTrainer
     from agentlightning.verl.config import compose_config
 
@@ -54,3 +55,5 @@ def main(argv: Sequence[str]) -> None:
         )
     except AllRolloutsFailed as exc:
         fail(PROG, str(exc), 1)
+    except DistillError as exc:
+        fail(PROG, f"algorithm.distill: {exc}", 1)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,8 @@ from agentlightning.config.schema import ConfigError, leaf_items
 from agentlightning.config.suggest import did_you_mean
 from agentlightning.log import get_logger
 from agentlightning.trainer.config import KL_LOSS_TYPES, TrainingConfig, load_section, load_training_config
+from agentlightning.trainer.distill import KEY as DISTILL_KEY
+from agentlightning.trainer.distill import DistillConfig
 from agentlightning.verl.loss import LOSS_AGG_MODE, WEIGHTED_LOSSES
 
 log = get_logger("verl_config")
@@ -47,10 +49,12 @@ OUR_KEYS = (
 
 @dataclass
 class VerlBackendConfig:
-    """What the backend reads beyond the core and verl: our keys in `actor_rollout_ref.actor`."""
+    """What the backend reads beyond the core and verl: our keys in `actor_rollout_ref.actor`,
+    and on-policy distillation's block, `algorithm.distill` (the torch backend's keys)."""
 
     old_log_prob_source: str = "rollout"  # rollout | recompute
     tis_imp_ratio_cap: float = -1.0
+    distill: DistillConfig = field(default_factory=DistillConfig)  # read by load_backend_config
 
     def validate(self) -> None:
         if self.old_log_prob_source not in ("rollout", "recompute"):
@@ -58,6 +62,7 @@ class VerlBackendConfig:
                 "actor_rollout_ref.actor.old_log_prob_source must be rollout or recompute, "
                 f"got {self.old_log_prob_source!r}"
             )
+        self.distill.validate()
 
 
 @functools.cache
@@ -131,6 +136,9 @@ def verl_view(cfg: DictConfig) -> DictConfig:
     view = merge(OmegaConf.create(), OmegaConf.to_container(cfg, resolve=True))  # a resolved copy
     OmegaConf.set_struct(view, False)
     view.pop("agentlightning", None)
+    algorithm = OmegaConf.select(view, "algorithm")
+    if isinstance(algorithm, DictConfig):
+        algorithm.pop("distill", None)  # ours: the backend scores the rows with the teacher
     actor = OmegaConf.select(view, "actor_rollout_ref.actor")
     if isinstance(actor, DictConfig):
         mode = OmegaConf.select(actor, "policy_loss.loss_mode", default="vanilla")
@@ -164,6 +172,8 @@ def check_verl_keys(cfg: DictConfig) -> None:
     plain = OmegaConf.to_container(cfg, resolve=False)
     assert isinstance(plain, dict)
     plain.pop("agentlightning", None)  # the core checks its own block
+    if isinstance(plain.get("algorithm"), dict):
+        plain["algorithm"].pop("distill", None)  # ours: load_backend_config checks it
     unknown = [k for k in _unknown_keys(plain, _packaged_keys()) if not _free_form(k)]
     torch_read = _torch_backend_keys()
     torch_defaults = _torch_defaults()
@@ -195,7 +205,10 @@ def check_verl_keys(cfg: DictConfig) -> None:
 
 
 def load_backend_config(cfg: DictConfig) -> VerlBackendConfig:
-    ours: VerlBackendConfig = load_section(cfg, "actor_rollout_ref.actor", VerlBackendConfig, unknown="quiet")
+    ours: VerlBackendConfig = load_section(
+        cfg, "actor_rollout_ref.actor", VerlBackendConfig, unknown="quiet", skip=("distill",)
+    )
+    ours.distill = load_section(cfg, DISTILL_KEY, DistillConfig, unknown="error")
     ours.validate()
     return ours
 

@@ -13,7 +13,9 @@ from omegaconf import OmegaConf
 from agentlightning.config.schema import ConfigError
 from agentlightning.tiny_model import build_tokenizer, byte_tokenizer
 from agentlightning.torch_backend.config import load_torch_backend_config
-from agentlightning.torch_backend.distill import (
+from agentlightning.torch_backend.openai_backend import InferenceServer
+from agentlightning.torch_backend.policy import PolicyUpdater
+from agentlightning.trainer.distill import (
     DistillConfig,
     DistillError,
     Teacher,
@@ -23,8 +25,6 @@ from agentlightning.torch_backend.distill import (
     reverse_kl,
     token_advantages,
 )
-from agentlightning.torch_backend.openai_backend import InferenceServer
-from agentlightning.torch_backend.policy import PolicyUpdater
 
 from .test_policy import make_row
 from .test_server import fresh_log_probs

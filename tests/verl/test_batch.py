@@ -63,7 +63,13 @@ def check_batch(rows: list[TrainingRow], dp_size: int, multiple_of: int = 1) -> 
         mask = t["response_mask"][k].tolist()
         assert mask == row.response_mask + [0] * (r_len - rl)
         maskf = torch.tensor(mask, dtype=torch.float32)
-        assert torch.equal(t["advantages"][k], torch.tensor(row.advantage, dtype=torch.float32) * maskf)
+        if row.token_advantages is None:  # the rollout's scalar on every trainable token
+            assert torch.equal(t["advantages"][k], torch.tensor(row.advantage, dtype=torch.float32) * maskf)
+        else:  # distillation: the row's own value per token, in place, 0 on context and padding
+            own = [a if m else 0.0 for a, m in zip(row.token_advantages, row.response_mask, strict=True)]
+            assert torch.equal(
+                t["advantages"][k], torch.tensor(own + [0.0] * (r_len - rl), dtype=torch.float32)
+            )
         assert torch.equal(
             t["rollout_is_weights"][k], torch.tensor(row.loss_weight, dtype=torch.float32) * maskf
         )
@@ -103,6 +109,20 @@ def test_rows_to_batch_properties(
     seed: int, n_groups: int, group_size: int, dp_size: int, micro: int
 ) -> None:
     rows = one_minibatch(make_rows(seed, n_groups, group_size, max_rows_per_rollout=3))
+    check_batch(rows, dp_size, micro)
+
+
+@batch_shapes
+def test_rows_with_token_advantages_carry_them_token_by_token(
+    seed: int, n_groups: int, group_size: int, dp_size: int, micro: int
+) -> None:
+    """On-policy distillation: a row with `token_advantages` gets exactly those at its response
+    positions (right after the left-padded prompt); a row without keeps the rollout's scalar."""
+    rows = one_minibatch(make_rows(seed, n_groups, group_size, max_rows_per_rollout=3))
+    rng = random.Random(seed)
+    for row in rows:
+        if rng.random() < 0.6:  # distinct values, non-zero on context too: the mask must zero them
+            row.token_advantages = [rng.uniform(-2.0, 2.0) for _ in row.response_ids]
     check_batch(rows, dp_size, micro)
 
 

@@ -81,6 +81,23 @@ def test_the_kl_term_reaches_verl_with_its_reference_worker_set_up() -> None:
     assert view.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu == 4
 
 
+def test_the_distill_block_is_read_by_the_backend_and_kept_from_verl() -> None:
+    """On-policy distillation's keys are the torch backend's (`algorithm.distill.*`)."""
+    cfg = compose_config(
+        overrides=[
+            MODEL,
+            "algorithm.distill.enable=true",
+            "algorithm.distill.teacher_url=http://127.0.0.1:9/v1",
+            "algorithm.distill.teacher_tokenizer=/models/teacher",
+            "algorithm.distill.reward_coef=0.5",
+        ]
+    )
+    _, ours, view = validate(cfg)
+    assert ours.distill.enable and ours.distill.kl_coef == 1.0 and ours.distill.reward_coef == 0.5
+    assert ours.distill.teacher_url == "http://127.0.0.1:9/v1"
+    assert "distill" not in view.algorithm  # verl's AlgoConfig has no such key
+
+
 @pytest.mark.parametrize(
     ("override", "names"),
     [
@@ -99,6 +116,11 @@ def test_the_kl_term_reaches_verl_with_its_reference_worker_set_up() -> None:
         ("actor_rollout_ref.model.lora_rank=8", "model.lora_rank"),
         ("actor_rollout_ref.actor.old_log_prob_source=fresh", "old_log_prob_source"),
         ("agentlightning.no_such_key=1", "agentlightning.no_such_key"),
+        ("algorithm.distill.enable=true", "algorithm.distill.enable needs algorithm.distill.teacher_url"),
+        (
+            "algorithm.distill.kl_coeff=1.0",
+            "algorithm.distill.kl_coeff.*did you mean algorithm.distill.kl_coef",
+        ),
         ("data.train_batch_size=0", "data.train_batch_size"),
         ("trainer.n_gpus_per_node=3", "divisible"),  # verl's own validate_config
         ("actor_rollout_ref.actor.fsdp_config.mixed_precison.param_dtype=fp32", "mixed_precison"),

@@ -1,6 +1,7 @@
 """A real verl update on CPU: verl's FSDP2 training worker (`train_mini_batch`, in a subprocess
 with the test-only CPU platform) on our batch with our loss gives the torch backend's loss and
-gradient norm on the same rows and weights."""
+gradient norm on the same rows and weights — also with per-token advantages (on-policy
+distillation's `token_advantages`), which verl's `ppo_loss` takes as they are."""
 
 from __future__ import annotations
 
@@ -31,13 +32,16 @@ pytestmark = pytest.mark.timeout(600)
 
 
 # Without the KL term; with it (verl's k3 estimator against a reference model of other weights, so
-# the term and its gradient are far from 0), as the backend sets it on verl's actor.
-KL_CASES = [None, ("low_var_kl", 5.0)]
+# the term and its gradient are far from 0), as the backend sets it on verl's actor; and with a
+# per-token advantage on every row (distillation's), in place of the rollout's scalar.
+CASES = [(None, False), (("low_var_kl", 5.0), False), (None, True)]
 
 
-@pytest.mark.parametrize("kl", KL_CASES, ids=["policy_loss", "with_kl_to_a_reference"])
+@pytest.mark.parametrize(
+    ("kl", "per_token"), CASES, ids=["policy_loss", "with_kl_to_a_reference", "token_advantages"]
+)
 def test_a_real_verl_update_on_cpu_matches_the_torch_backend(
-    tmp_path: Path, kl: tuple[str, float] | None
+    tmp_path: Path, kl: tuple[str, float] | None, per_token: bool
 ) -> None:
     micro = 2  # 6 rollouts' rows padded to whole micro-batches of 2
     model, tokenizer = build_tiny(TINY, seed=4)
@@ -52,6 +56,8 @@ def test_a_real_verl_update_on_cpu_matches_the_torch_backend(
             row.rollout_log_probs = [
                 float(v) + rng.gauss(0, 0.3) if m else 0.0 for v, m in zip(lp, row.response_mask, strict=True)
             ]
+            if per_token:  # of either sign within a row, 0 on context (as trainer/distill.py makes them)
+                row.token_advantages = [rng.gauss(0, 1.0) if m else 0.0 for m in row.response_mask]
     rows_path = tmp_path / "rows.json"
     rows_path.write_text(json.dumps([dataclasses.asdict(r) for r in rows]))
 
@@ -75,7 +81,17 @@ def test_a_real_verl_update_on_cpu_matches_the_torch_backend(
     )
     stats = updater.backward(rows)
     grad_norm = torch.nn.utils.clip_grad_norm_(updater.model.parameters(), float("inf")).item()
+    if per_token:  # the per-token values weigh in the gradient: they are there to match
+        scalar = [dataclasses.replace(r, token_advantages=None) for r in rows]
+        model.zero_grad(set_to_none=True)  # the same parameters: the other loss's gradient alone
+        plain = PolicyUpdater(
+            model, ActorConfig(clip_ratio_high=0.28, ppo_micro_batch_size_per_gpu=micro), device="cpu"
+        )
+        plain.backward(scalar)
+        plain_norm = torch.nn.utils.clip_grad_norm_(plain.model.parameters(), float("inf")).item()
+        assert abs(grad_norm - plain_norm) > 0.05 * plain_norm
     if kl:  # the term weighs in the gradient: it is there to match
+        model.zero_grad(set_to_none=True)  # the same parameters: the other loss's gradient alone
         plain = PolicyUpdater(
             model, ActorConfig(clip_ratio_high=0.28, ppo_micro_batch_size_per_gpu=micro), device="cpu"
         )

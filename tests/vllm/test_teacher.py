@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentlightning.rows import TrainingRow
-from agentlightning.torch_backend.distill import DistillConfig, Teacher, distill
+from agentlightning.trainer.distill import DistillConfig, Teacher, distill
 
 from .conftest import ScriptedVLLM
 from .scripted import FINAL_ANSWER, QUESTION

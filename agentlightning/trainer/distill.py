@@ -13,17 +13,22 @@ sampled token) plus, optionally, the task's:
 
 `log π_student` is the log-prob the Gateway recorded when the token was sampled (recomputed where
 a call lacked it); `A_rollout` is the core's advantage (`algorithm.adv_estimator`) of the row's
-rollout. The PPO loss of the torch backend then takes `A_t` per token.
+rollout. Each row carries `A_t` in `token_advantages`; both backends' PPO losses take it per
+token (the torch backend's `policy.py`, the verl backend's batch `advantages`).
 
-Configured under verl's `algorithm` section (`algorithm.distill.*`, torch backend only). The
-teacher must share the student's tokenizer — the scores are of the student's token ids — so its
-tokenizer is loaded and compared at start-up, and a score for another token id than the one
-sent is refused.
+This module is the backend-neutral part: the config, the teacher over HTTP, the tokenizer
+check and the formula. A backend calls `open_teacher` at start-up and, before each update,
+`distill(rows, teacher.score_rows(rows), student_log_probs, config)`, the student's log-probs
+being the recorded ones or its own recomputation where a call lacked them.
+
+Configured under verl's `algorithm` section (`algorithm.distill.*`). The teacher must share the
+student's tokenizer — the scores are of the student's token ids — so its tokenizer is loaded and
+compared at start-up, and a score for another token id than the one sent is refused.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -196,6 +201,22 @@ class Teacher:
 
     def close(self) -> None:
         self.http.close()
+
+
+def open_teacher(
+    config: DistillConfig, student_tokenizer: Any, load_tokenizer: Callable[[str], Any]
+) -> Teacher:
+    """The teacher of a validated, enabled `config`, once its tokenizer (loaded by the backend's
+    `load_tokenizer`) is checked to be the student's; ConfigError naming the key otherwise."""
+    assert config.enable and config.teacher_tokenizer is not None  # validate() checked it
+    try:
+        teacher_tokenizer = load_tokenizer(config.teacher_tokenizer)
+    except OSError as exc:
+        raise ConfigError(
+            f"{KEY}.teacher_tokenizer: cannot load {config.teacher_tokenizer!r}: {exc}"
+        ) from None
+    check_same_tokenizer(student_tokenizer, teacher_tokenizer)
+    return Teacher(config)
 
 
 def distill(
