@@ -8,17 +8,14 @@ from typing import Any
 
 import httpx
 import orjson
-from fastapi import FastAPI
 
 from agentlightning.model_call import CallTriplet, ModelCall
 from agentlightning.schemas import Model, Rollout
-from agentlightning.server.config import load_server_config
-from agentlightning.server.proxy import routes
 from agentlightning.server.proxy.capture import CallRecord
-from agentlightning.server.proxy.runtime import ProxyRuntime
-from agentlightning.server.state import GatewayState, ModelTable
 from agentlightning.server.store import MemoryStore
 from tests.fakes.model_server import FakeModelServer
+
+from .router_app import router_app
 
 
 async def test_unencodable_response_is_recorded_as_an_error_event() -> None:
@@ -68,38 +65,27 @@ async def test_a_recorded_call_has_the_keys_its_types_declare() -> None:
 async def test_a_proxied_call_leaves_no_reference_cycle() -> None:
     """A passed-through call's record (holding both bodies) is freed when the call ends, not left
     to Python's cyclic collector: under load those collections cost a fifth of the Gateway's CPU."""
-    config = load_server_config({"store": {"url": "memory://"}, "default_proxy": {"token_exact": False}})
-    store = MemoryStore()
-    await store.open()
-    state = GatewayState(
-        config=config, store=store, models=ModelTable(store), proxy=ProxyRuntime(config.proxy)
-    )
-    app = FastAPI()
-    app.include_router(routes.router)
-    app.state.gateway = state
-    await state.proxy.open()
     enabled = gc.isenabled()
-    try:
-        with FakeModelServer() as fake:
-            await store.create_rollouts([Rollout(rollout_id="r1")])
-            await state.models.upsert([Model(model="policy", endpoint=fake.base_url)])
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
-                url = "/proxy/rollout/r1/attempt/a1/mode/train/openai/v1/chat/completions"
-                body = {"messages": [{"role": "user", "content": "x"}]}
-                assert (await client.post(url, json=body)).status_code == 200  # connections opened
-                gc.collect()
-                gc.disable()
-                gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds is kept in gc.garbage
-                assert (await client.post(url, json=body)).status_code == 200
-                gc.collect()
-                cyclic = [o for o in gc.garbage if isinstance(o, CallRecord)]
-            assert len(await store.list_events("r1")) == 2
-            assert cyclic == []
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-        if enabled:
-            gc.enable()
-        await state.proxy.close()
-        await store.close()
+    async with router_app(token_exact=False) as (app, state):
+        try:
+            with FakeModelServer() as fake:
+                await state.store.create_rollouts([Rollout(rollout_id="r1")])
+                await state.models.upsert([Model(model="policy", endpoint=fake.base_url)])
+                transport = httpx.ASGITransport(app=app)
+                async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+                    url = "/proxy/rollout/r1/attempt/a1/mode/train/openai/v1/chat/completions"
+                    body = {"messages": [{"role": "user", "content": "x"}]}
+                    assert (await client.post(url, json=body)).status_code == 200  # connections opened
+                    gc.collect()
+                    gc.disable()
+                    gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds is kept in gc.garbage
+                    assert (await client.post(url, json=body)).status_code == 200
+                    gc.collect()
+                    cyclic = [o for o in gc.garbage if isinstance(o, CallRecord)]
+                assert len(await state.store.list_events("r1")) == 2
+                assert cyclic == []
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            if enabled:
+                gc.enable()

@@ -3,29 +3,16 @@
 from __future__ import annotations
 
 import httpx
-from fastapi import FastAPI
 
 from agentlightning.schemas import Model, Rollout
-from agentlightning.server.config import load_server_config
-from agentlightning.server.proxy import routes
-from agentlightning.server.proxy.runtime import ProxyRuntime
-from agentlightning.server.state import GatewayState, ModelTable
-from agentlightning.server.store.memory import MemoryStore
 from tests.fakes.model_server import FakeModelServer, Reply
+
+from .router_app import router_app
 
 
 async def test_router_alone_proxies_records_and_pauses() -> None:
-    config = load_server_config({"store": {"url": "memory://"}})
-    store = MemoryStore()
-    await store.open()
-    state = GatewayState(
-        config=config, store=store, models=ModelTable(store), proxy=ProxyRuntime(config.proxy)
-    )
-    app = FastAPI()
-    app.include_router(routes.router)
-    app.state.gateway = state
-    await state.proxy.open()
-    try:
+    async with router_app() as (app, state):
+        store = state.store
         with FakeModelServer() as fake:
             fake.script(Reply(content="routed"))
             await store.create_rollouts([Rollout(rollout_id="r1")])
@@ -50,6 +37,3 @@ async def test_router_alone_proxies_records_and_pauses() -> None:
                     "inflight": 0,
                 }
                 assert (await client.post("/proxy/resume")).json()["paused"] is False
-    finally:
-        await state.proxy.close()
-        await store.close()
