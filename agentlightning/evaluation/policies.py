@@ -27,9 +27,14 @@ from typing import Any, Literal
 
 import httpx
 
-from agentlightning.trainer.checkpoint import LATEST_FILE, LOOP_STATE_FILE, best_checkpoint, latest_checkpoint
+from agentlightning.trainer.checkpoint import (
+    LATEST_FILE,
+    LOOP_STATE_FILE,
+    POLICY_STATE_FILE,
+    best_checkpoint,
+    latest_checkpoint,
+)
 
-POLICY_STATE_FILE = "policy_state.pt"  # torch_backend.checkpoint's (not imported: it imports torch)
 BUILTIN = ("demo",)  # torch_backend.models.BUILTIN_MODELS's names
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-POLICY_STATE_FILE = "policy_state.pt"
+from agentlightning.trainer.checkpoint import POLICY_STATE_FILE
 
 
 def torch_rng_state() -> dict[str, Any]:

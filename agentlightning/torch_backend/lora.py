@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
+from agentlightning.trainer.checkpoint import LORA_KEY
+
 ADAPTER_NAME = "default"  # peft's name for the one adapter
-ADAPTER_DIR = "adapter"  # in a checkpoint folder: the adapter in peft's layout
-LORA_KEY = ".lora_"  # every adapter tensor's name has it (lora_A, lora_B)
 BASE_LAYER = ".base_layer"  # peft renames a wrapped layer's own weights under it
 
 

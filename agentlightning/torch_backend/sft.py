@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import random
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,20 +25,11 @@ from typing import Any
 
 import torch
 
-from agentlightning.client import GatewayUnavailable, Unauthorized
-from agentlightning.config.loader import (
-    catch_interrupts,
-    exit_on_interrupt,
-    fail,
-    load_cli_config,
-    setup_logging,
-)
 from agentlightning.config.schema import ConfigError
 from agentlightning.log import get_logger
 from agentlightning.rows import TrainingRow
 from agentlightning.torch_backend.checkpoint import save_policy_state, torch_rng_state
 from agentlightning.torch_backend.lora import (
-    ADAPTER_DIR,
     adapter_state,
     apply_lora,
     count_parameters,
@@ -48,6 +38,7 @@ from agentlightning.torch_backend.lora import (
 )
 from agentlightning.torch_backend.models import load_model, resolve_device
 from agentlightning.torch_backend.policy import ActorConfig, OptimConfig, PolicyUpdater
+from agentlightning.trainer.checkpoint import ADAPTER_DIR
 from agentlightning.trainer.sft import (
     MODEL_DIR,
     PROG,
@@ -55,10 +46,10 @@ from agentlightning.trainer.sft import (
     check_vocabulary,
     load_rows,
     load_sft_config,
+    run_command,
     say,
     write_sft_checkpoint,
 )
-from agentlightning.trainer.sft_data import SFTDataError
 
 __all__ = ["MODEL_DIR", "PROG", "SFTConfig", "batches", "load_sft_config", "main", "run_sft"]
 
@@ -160,26 +151,15 @@ def save(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    cfg = load_cli_config("sft", args, prog=PROG, strict=False)
-    try:
-        config = load_sft_config(cfg)
-        check_torch_config(config)
-    except ConfigError as exc:
-        fail(PROG, f"bad config: {exc}")
-    setup_logging(PROG, config.log_level)
+    return run_command(PROG, argv, check_torch_config, run_command_line)
+
+
+def run_command_line(config: SFTConfig) -> Path:
+    """`run_sft` from the command line: no progress bars of transformers' between its lines."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    catch_interrupts()
-    try:
-        with exit_on_interrupt(PROG):
-            run_sft(config)
-    except (ConfigError, SFTDataError) as exc:
-        fail(PROG, str(exc))
-    except (GatewayUnavailable, Unauthorized) as exc:
-        fail(PROG, f"the Gateway at {config.data.gateway.url} (data.gateway.url): {exc}", 1)
-    return 0
+    return run_sft(config)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ from agentlightning.torch_backend.checkpoint import (
 )
 from agentlightning.torch_backend.config import TorchBackendConfig, load_torch_backend_config
 from agentlightning.torch_backend.lora import (
-    ADAPTER_DIR,
     adapter_state,
     apply_lora,
     count_parameters,
@@ -40,6 +39,7 @@ from agentlightning.torch_backend.models import load_model, load_tokenizer, reso
 from agentlightning.torch_backend.policy import PolicyUpdater
 from agentlightning.torch_backend.rollout_engine import RolloutEngine, open_rollout_engine
 from agentlightning.trainer import ConfigError, CoreConfig, TrainingBatch
+from agentlightning.trainer.checkpoint import ADAPTER_DIR
 from agentlightning.trainer.config import TrainingConfig, load_training_config
 from agentlightning.trainer.distill import Teacher, distill, open_teacher
 from agentlightning.trainer.loop import TrainingLoop

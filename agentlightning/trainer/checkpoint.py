@@ -30,6 +30,10 @@ log = get_logger("checkpoint")
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 BEST_FILE = "best_checkpointed_iteration.txt"
 LOOP_STATE_FILE = "loop_state.json"
+# The backends' files in a checkpoint folder, by these names on every backend (agl-eval reads them):
+POLICY_STATE_FILE = "policy_state.pt"  # the policy's weights (LoRA: the adapter) and optimizer state
+ADAPTER_DIR = "adapter"  # LoRA: the adapter in peft's layout
+LORA_KEY = ".lora_"  # in the name of every adapter tensor (lora_A, lora_B)
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 

@@ -12,12 +12,13 @@ same checkpoint (`write_sft_checkpoint`: the RL layout, `trainer.checkpoint`):
     {output_dir}/global_step_{N}/model/             a Hugging Face folder (LoRA merged): what RL
                                                     starts from (`actor_rollout_ref.model.path`)
 
-The backend writes the last three (`save_backend`); the names are the torch backend's checkpoint
-names, which agl-eval reads (`evaluation.policies`).
+The backend writes the last three (`save_backend`), under `trainer.checkpoint`'s names, which
+agl-eval reads (`evaluation.policies`).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,14 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from agentlightning.aggregation import AggregationLevel, AggregationStats, RowLimits
-from agentlightning.client import GatewayClient
+from agentlightning.client import GatewayClient, GatewayUnavailable, Unauthorized
+from agentlightning.config.loader import (
+    catch_interrupts,
+    exit_on_interrupt,
+    fail,
+    load_cli_config,
+    setup_logging,
+)
 from agentlightning.config.schema import ConfigError, fill
 from agentlightning.rows import TrainingRow
 from agentlightning.trainer.checkpoint import save_checkpoint
@@ -34,9 +42,6 @@ from agentlightning.trainer.sft_data import Selection, SelectionCounts, SFTDataE
 
 PROG = "agl-sft"
 MODEL_DIR = "model"  # in a checkpoint folder: the policy as a Hugging Face folder
-ADAPTER_DIR = "adapter"  # LoRA: the adapter in peft's layout (torch_backend.lora.ADAPTER_DIR)
-POLICY_STATE_FILE = "policy_state.pt"  # the weights (torch_backend.checkpoint.POLICY_STATE_FILE)
-LORA_KEY = ".lora_"  # in the name of every adapter tensor (torch_backend.lora.LORA_KEY)
 
 
 # --- the config ----------------------------------------------------------------------------
@@ -202,6 +207,34 @@ def check_vocabulary(rows: Sequence[TrainingRow], size: int) -> None:
 
 def say(line: str) -> None:
     print(line, flush=True)
+
+
+def run_command(
+    prog: str,
+    argv: Sequence[str] | None,
+    check: Callable[[SFTConfig], None],
+    run: Callable[[SFTConfig], object],
+) -> int:
+    """A backend's `agl-sft` command line: the config read and checked (`check`: what that backend
+    cannot do) before anything loads, then `run`; every failure said in one line, with exit 2 for
+    the config and the data, 1 for the Gateway."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    cfg = load_cli_config("sft", args, prog=prog, strict=False)
+    try:
+        config = load_sft_config(cfg)
+        check(config)
+    except ConfigError as exc:
+        fail(prog, f"bad config: {exc}")
+    setup_logging(prog, config.log_level)
+    catch_interrupts()
+    try:
+        with exit_on_interrupt(prog):
+            run(config)
+    except (ConfigError, SFTDataError) as exc:
+        fail(prog, str(exc))
+    except (GatewayUnavailable, Unauthorized) as exc:
+        fail(prog, f"the Gateway at {config.data.gateway.url} (data.gateway.url): {exc}", 1)
+    return 0
 
 
 # --- the checkpoint ------------------------------------------------------------------------

@@ -23,7 +23,6 @@ own sampler (seeded by `train.seed`) and drops each epoch's last incomplete batc
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,30 +30,19 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from agentlightning.client import GatewayUnavailable, Unauthorized
-from agentlightning.config.loader import (
-    catch_interrupts,
-    exit_on_interrupt,
-    fail,
-    load_cli_config,
-    setup_logging,
-)
 from agentlightning.config.schema import ConfigError
 from agentlightning.log import get_logger
+from agentlightning.trainer.checkpoint import ADAPTER_DIR, LORA_KEY, POLICY_STATE_FILE
 from agentlightning.trainer.sft import (
-    ADAPTER_DIR,
-    LORA_KEY,
     MODEL_DIR,
-    POLICY_STATE_FILE,
     SFTConfig,
     SFTModelConfig,
     check_vocabulary,
     load_rows,
-    load_sft_config,
+    run_command,
     say,
     write_sft_checkpoint,
 )
-from agentlightning.trainer.sft_data import SFTDataError
 from agentlightning.verl import sft_rows
 
 PROG = "agl-sft backend=verl"
@@ -377,23 +365,7 @@ def run_verl_sft(config: SFTConfig) -> Path | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    cfg = load_cli_config("sft", args, prog=PROG, strict=False)
-    try:
-        config = load_sft_config(cfg)
-        check_config(config)
-    except ConfigError as exc:
-        fail(PROG, f"bad config: {exc}")
-    setup_logging(PROG, config.log_level)
-    catch_interrupts()
-    try:
-        with exit_on_interrupt(PROG):
-            run_verl_sft(config)
-    except (ConfigError, SFTDataError) as exc:
-        fail(PROG, str(exc))
-    except (GatewayUnavailable, Unauthorized) as exc:
-        fail(PROG, f"the Gateway at {config.data.gateway.url} (data.gateway.url): {exc}", 1)
-    return 0
+    return run_command(PROG, argv, check_config, run_verl_sft)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,6 @@ from agentlightning.torch_backend.checkpoint import load_policy_state
 from agentlightning.torch_backend.config import load_torch_backend_config
 from agentlightning.torch_backend.engine import EngineError, SamplingParams, TorchEngine
 from agentlightning.torch_backend.lora import (
-    ADAPTER_DIR,
-    LORA_KEY,
     adapter_state,
     apply_lora,
     base_state,
@@ -27,6 +25,7 @@ from agentlightning.torch_backend.lora import (
 from agentlightning.torch_backend.policy import ActorConfig, OptimConfig, PolicyUpdater
 from agentlightning.torch_backend.rollout_engine import TorchRolloutEngine
 from agentlightning.torch_backend.trainer import TorchBackend
+from agentlightning.trainer.checkpoint import ADAPTER_DIR, LORA_KEY
 from agentlightning.trainer.config import load_training_config
 from agentlightning.trainer.shaping import set_loss_weights
 

@@ -11,9 +11,14 @@ import pytest
 from agentlightning.client import GatewayClient
 from agentlightning.demo.task import make_dataset
 from agentlightning.torch_backend.checkpoint import load_policy_state
-from agentlightning.torch_backend.lora import ADAPTER_DIR, LORA_KEY
 from agentlightning.torch_backend.trainer import run_ppo
-from agentlightning.trainer.checkpoint import latest_checkpoint, list_checkpoints, load_loop_state
+from agentlightning.trainer.checkpoint import (
+    ADAPTER_DIR,
+    LORA_KEY,
+    latest_checkpoint,
+    list_checkpoints,
+    load_loop_state,
+)
 from agentlightning.trainer.tracking import METRICS_FILE, read_metrics
 from tests.conftest import RunningGateway, trainer_key
 

@@ -15,7 +15,6 @@ from agentlightning.client import GatewayClient
 from agentlightning.config.schema import ConfigError
 from agentlightning.evaluation.policies import export_checkpoint, parse_policy
 from agentlightning.tiny_model import byte_tokenizer
-from agentlightning.torch_backend.lora import LORA_KEY
 from agentlightning.torch_backend.models import load_model
 from agentlightning.torch_backend.sft import (
     MODEL_DIR,
@@ -26,7 +25,7 @@ from agentlightning.torch_backend.sft import (
     main,
     run_sft,
 )
-from agentlightning.trainer.checkpoint import LOOP_STATE_FILE
+from agentlightning.trainer.checkpoint import LOOP_STATE_FILE, LORA_KEY
 from agentlightning.trainer.sft_data import (
     Selection,
     SelectionCounts,

@@ -26,9 +26,8 @@ from agentlightning.commands.backends import sft_main as agl_sft
 from agentlightning.evaluation.policies import export_checkpoint, parse_policy
 from agentlightning.rows import TrainingRow
 from agentlightning.tiny_model import build_tiny, save_tiny
-from agentlightning.torch_backend.lora import LORA_KEY
 from agentlightning.torch_backend.models import load_model
-from agentlightning.trainer.checkpoint import LOOP_STATE_FILE
+from agentlightning.trainer.checkpoint import LOOP_STATE_FILE, LORA_KEY
 from agentlightning.trainer.sft import MODEL_DIR, load_sft_config
 from agentlightning.trainer.sft_data import SFTDataError, chat_rows
 from agentlightning.verl.sft import ROWS_FILE, prepare_rows, verl_config
