@@ -81,21 +81,15 @@ def test_a_real_verl_update_on_cpu_matches_the_torch_backend(
     )
     stats = updater.backward(rows)
     grad_norm = torch.nn.utils.clip_grad_norm_(updater.model.parameters(), float("inf")).item()
-    if per_token:  # the per-token values weigh in the gradient: they are there to match
-        scalar = [dataclasses.replace(r, token_advantages=None) for r in rows]
+    # What this case adds (the KL term, the per-token advantages) weighs in the gradient: without it
+    # (no KL term; the rollout's scalar advantage) the gradient differs, so it is there to match.
+    if kl or per_token:
+        plain_rows = [dataclasses.replace(r, token_advantages=None) for r in rows] if per_token else rows
         model.zero_grad(set_to_none=True)  # the same parameters: the other loss's gradient alone
         plain = PolicyUpdater(
             model, ActorConfig(clip_ratio_high=0.28, ppo_micro_batch_size_per_gpu=micro), device="cpu"
         )
-        plain.backward(scalar)
-        plain_norm = torch.nn.utils.clip_grad_norm_(plain.model.parameters(), float("inf")).item()
-        assert abs(grad_norm - plain_norm) > 0.05 * plain_norm
-    if kl:  # the term weighs in the gradient: it is there to match
-        model.zero_grad(set_to_none=True)  # the same parameters: the other loss's gradient alone
-        plain = PolicyUpdater(
-            model, ActorConfig(clip_ratio_high=0.28, ppo_micro_batch_size_per_gpu=micro), device="cpu"
-        )
-        plain.backward(rows)
+        plain.backward(plain_rows)
         plain_norm = torch.nn.utils.clip_grad_norm_(plain.model.parameters(), float("inf")).item()
         assert abs(grad_norm - plain_norm) > 0.05 * plain_norm
 
