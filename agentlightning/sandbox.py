@@ -4,7 +4,9 @@ What a command inside sees:
   * `workspace` read-write at `mount_at` (default `/workspace`), its working directory;
   * `/usr` (and the `/bin`, `/lib*`, `/sbin` links or folders), a few `/etc` files the dynamic
     loader and `getpwuid` need, and the `read_only` paths (e.g. a Python prefix) at their own paths,
-    all read-only; the `read_write` paths (a harness's home) at their own paths, writable;
+    all read-only; the `read_write` paths at their own paths, writable; the `mounts` (a harness's
+    home) writable at the path inside each is given, so that no host path (a temporary folder's
+    random name) shows inside, in what the agent reads or sends the model;
   * a private `/tmp`, `/dev` and `/proc`; no network at all (its own loopback only, so even
     servers on the host's loopback are out of reach) unless `network=True`;
   * its own PID namespace: it cannot see or signal processes outside, and when the command ends
@@ -98,6 +100,7 @@ class Sandbox:
     mount_at: str = "/workspace"
     read_only: Sequence[Path] = ()
     read_write: Sequence[Path] = ()
+    mounts: Mapping[str, Path] = field(default_factory=dict)  # path inside -> host folder, writable
     env: Mapping[str, str] = field(default_factory=dict)
     network: bool = False
     path: str = "/usr/local/bin:/usr/bin:/bin"
@@ -135,6 +138,8 @@ class Sandbox:
                 args += [flag, str(real), str(real)]
                 if Path(extra).absolute() != real:  # a symlinked venv: keep its own path working too
                     args += [flag, str(real), str(Path(extra).absolute())]
+        for inside, host in self.mounts.items():
+            args += ["--bind", str(Path(host).resolve()), inside]
         args += [
             "--dev", "/dev",
             "--proc", "/proc",

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
@@ -78,6 +79,21 @@ def test_host_files_outside_are_invisible_or_read_only(box: Sandbox, tmp_path: P
     prefix = python_paths(sys.executable)[-1]
     r = box.run(["sh", "-c", f"touch {prefix}/agl_probe"], timeout=30)
     assert r.returncode != 0 and not (prefix / "agl_probe").exists()
+
+
+def test_a_mount_is_writable_at_its_inside_path_and_its_host_path_is_not_there(
+    box: Sandbox, tmp_path: Path
+) -> None:
+    home = tmp_path / "agl-home-x7q2"  # a temporary folder's random name: never seen inside
+    home.mkdir()
+    (home / "config.toml").write_text("model = 'policy'\n")
+    mounted = replace(box, mounts={"/home/agent": home})
+    r = mounted.run(
+        ["sh", "-c", f"cat /home/agent/config.toml; echo made > /home/agent/new; ls {home}"], timeout=30
+    )
+    assert r.stdout.splitlines()[0] == "model = 'policy'", r.stderr
+    assert (home / "new").read_text() == "made\n"
+    assert r.returncode != 0 and "No such file" in r.stderr  # the host path is not there
 
 
 def test_an_interpreter_under_tmp_runs_and_stays_read_only(tmp_path: Path) -> None:

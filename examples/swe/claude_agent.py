@@ -26,7 +26,7 @@ import json
 import os
 from pathlib import Path
 
-from examples.swe.harness_box import REPO, inner_url, run_rollout, scoped_key
+from examples.swe.harness_box import HOME, REPO, inner_url, run_rollout, scoped_key
 
 NPM_PREFIX = REPO / ".npm-claude"
 MODEL = "policy"  # the Gateway's model name; every call, the small background ones too, goes to it
@@ -81,8 +81,8 @@ class ClaudeSweAgent:
             command = [str(prefix / "node_modules" / ".bin" / "claude"), "-p", "--model", MODEL,
                        "--dangerously-skip-permissions", "--output-format", "text"]  # fmt: skip
             env = {
-                "HOME": str(home),
-                "CLAUDE_CONFIG_DIR": str(config),
+                "HOME": str(HOME),
+                "CLAUDE_CONFIG_DIR": str(HOME / ".claude"),
                 "ANTHROPIC_BASE_URL": inner_url(gateway_url),
                 "ANTHROPIC_API_KEY": scoped_key(),
                 "ANTHROPIC_MODEL": MODEL,

@@ -19,7 +19,7 @@ import json
 import os
 from pathlib import Path
 
-from examples.swe.harness_box import REPO, inner_url, run_rollout, scoped_key
+from examples.swe.harness_box import HOME, REPO, inner_url, run_rollout, scoped_key
 
 NPM_PREFIX = REPO / ".npm-codex"
 # Codex features that call out to OpenAI's services or add tools this model is not trained on
@@ -78,7 +78,7 @@ class CodexSweAgent:
             prefix = npm_prefix()
             command = [str(prefix / "node_modules" / ".bin" / "codex"), "exec", "--skip-git-repo-check",
                        "-C", "/workspace"]  # fmt: skip
-            env = {"CODEX_HOME": str(home), "AGL_KEY": scoped_key(), "NO_COLOR": "1", "RUST_LOG": "error"}
+            env = {"CODEX_HOME": str(HOME), "AGL_KEY": scoped_key(), "NO_COLOR": "1", "RUST_LOG": "error"}
             return command, env, [], [prefix]
 
         run_rollout("codex", gateway_url, prepare)

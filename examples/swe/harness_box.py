@@ -2,7 +2,8 @@
 
 These harnesses run the model's commands as their own children, with no hook to wrap each one, so
 the harness goes into the sandbox with them: the workspace at /workspace (its working directory),
-the harness's npm prefix read-only, its home read-write, and no network but a relay to the Gateway
+the harness's npm prefix read-only, its home read-write at `HOME` (one path for every rollout: a
+temporary folder's name would differ in each prompt), and no network but a relay to the Gateway
 (`relay.py`): it reaches the Gateway's per-attempt URL with the scoped key, and no other address.
 Their own sandboxes (if any) are switched off in their config: a sandbox inside ours has nothing
 left to take away. It also keeps the harness itself from the repository (whose task generator would
@@ -19,7 +20,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
 
 from agentlightning.agent_events import post_reward
@@ -32,6 +33,7 @@ from examples.swe.workspace import agent_sandbox
 
 REPO = Path(__file__).resolve().parents[2]
 INNER_PORT = 8080  # on the sandbox's own loopback: always free there
+HOME = PurePosixPath("/home/agent")  # the harness's home as it sees it
 
 
 def inner_url(gateway_url: str) -> str:
@@ -43,16 +45,19 @@ def harness_sandbox(
     ws: Path,
     socket_path: Path,
     env: Mapping[str, str],
+    home: Path,
     read_write: Sequence[Path] = (),
     read_only: Sequence[Path] = (),
 ) -> Sandbox:
-    """The agent's sandbox, with the harness's own folders and the relay's socket folder bound in."""
+    """The agent's sandbox, with the harness's home (at `HOME`), its own folders and the relay's
+    socket folder bound in."""
     box = agent_sandbox(ws)
     return replace(
         box,
         env={**box.env, **env},
         read_write=[*read_write, socket_path.parent],
         read_only=[*box.read_only, *read_only],
+        mounts={str(HOME): home},
     )
 
 
@@ -68,9 +73,9 @@ def run_rollout(
 ) -> None:
     """One rollout: check the task out, run the harness in the box, grade, post the reward.
 
-    `prepare(home)` writes the harness's config under `home` (pointing it at `inner_url(gateway_url)`)
-    and returns (command, env, read-write paths, read-only paths); the problem statement is the
-    command's last argument."""
+    `prepare(home)` writes the harness's config under `home` (pointing it at `inner_url(gateway_url)`;
+    inside, the harness finds it at `HOME`) and returns (command, env, read-write paths, read-only
+    paths); the problem statement is the command's last argument."""
     task = find(os.environ["TASK_ID"])
     work = Path(tempfile.mkdtemp(prefix=f"agl-swe-{name}-"))
     try:
@@ -82,7 +87,7 @@ def run_rollout(
         url = urlsplit(gateway_url)
         timeout = float(os.environ.get("SWE_HARNESS_TIMEOUT", "900"))
         with GatewayRelay(run / "gateway.sock", url.hostname or "127.0.0.1", url.port or 80) as relay:
-            box = harness_sandbox(ws, relay.path, env, [home, *read_write], read_only)
+            box = harness_sandbox(ws, relay.path, env, home, read_write, read_only)
             # The box's `communicate` returns once nothing the harness started is left running:
             # the workspace is graded as it stands.
             proc = box.popen(

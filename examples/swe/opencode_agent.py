@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from examples.swe.harness_box import REPO, inner_url, run_rollout, scoped_key
+from examples.swe.harness_box import HOME, REPO, inner_url, run_rollout, scoped_key
 
 NPM_PREFIX = REPO / ".npm-opencode"
 
@@ -60,12 +60,12 @@ class OpencodeSweAgent:
             command = [str(prefix / "node_modules" / ".bin" / "opencode"), "run", "--dir", "/workspace"]
             env = {
                 "AGL_KEY": scoped_key(),
-                "HOME": str(home),
-                "OPENCODE_CONFIG": str(home / "opencode.json"),
-                "XDG_CONFIG_HOME": str(home / "config"),
-                "XDG_DATA_HOME": str(home / "data"),
-                "XDG_CACHE_HOME": str(home / "cache"),
-                "XDG_STATE_HOME": str(home / "state"),
+                "HOME": str(HOME),
+                "OPENCODE_CONFIG": str(HOME / "opencode.json"),
+                "XDG_CONFIG_HOME": str(HOME / "config"),
+                "XDG_DATA_HOME": str(HOME / "data"),
+                "XDG_CACHE_HOME": str(HOME / "cache"),
+                "XDG_STATE_HOME": str(HOME / "state"),
                 "OPENCODE_DISABLE_MODELS_FETCH": "true",
                 "OPENCODE_DISABLE_AUTOUPDATE": "true",
                 "NO_COLOR": "1",
