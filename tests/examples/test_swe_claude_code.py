@@ -24,10 +24,16 @@ BINARY = claude_agent.npm_prefix() / "node_modules" / ".bin" / "claude"
 AGENT = "examples.swe.claude_agent:ClaudeSweAgent"
 SYSTEM_MARKER = "built on Anthropic's Claude Agent SDK"  # Claude Code's own system prompt (print mode)
 MAX_TOKENS = 3000  # SWE_CLAUDE_MAX_OUTPUT_TOKENS: what a small served context leaves for the answer
+AGENT_ENV = {"PYTHONPATH": str(REPO), "SWE_CLAUDE_MAX_OUTPUT_TOKENS": str(MAX_TOKENS)}
 
 
 @pytest.fixture(autouse=True)
 def _claude_code() -> None:
+    require_claude_code()
+
+
+def require_claude_code() -> None:
+    """Skips (fails on CI) without what Claude Code runs on here."""
     require(
         [
             m
@@ -63,7 +69,7 @@ def _run(tmp_path: Path, tasks: list[Any]) -> list[Any]:
         "swe",
         tmp_path,
         f"local_runner.python={SWE_PYTHON}",
-        agent_env={"PYTHONPATH": str(REPO), "SWE_CLAUDE_MAX_OUTPUT_TOKENS": str(MAX_TOKENS)},
+        agent_env=AGENT_ENV,
         scale_out=True,
     ) as stack:
         return stack.run(

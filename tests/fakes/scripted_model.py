@@ -264,13 +264,19 @@ Policy = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]
 _ids = itertools.count(1)
 
 
-def chat_response(body: dict[str, Any], policy: Policy) -> dict[str, Any]:
+Record = Callable[[list[int], list[int]], None]
+"""Told each call's (prompt ids, answer ids) as the model was asked and answered."""
+
+
+def chat_response(body: dict[str, Any], policy: Policy, record: Record | None = None) -> dict[str, Any]:
     messages = body["messages"]
     tools = body.get("tools")
     prompt_ids = encode(render_prompt(messages, tools))
     text = policy(messages, tools)
     eos = build_tokenizer().convert_tokens_to_ids("<|im_end|>")
     ids = [*encode(text), eos]
+    if record is not None:
+        record(prompt_ids, ids)
     content, calls = hermes_parse(text)
     message: dict[str, Any] = {
         "role": "assistant",
@@ -310,8 +316,11 @@ class PolicyBackend:
     """The scripted model behind the one OpenAI server: non-streamed chat and vLLM's scale-out
     calls. A bad request or a policy bug answers 400 and its reason is kept in `errors`."""
 
-    def __init__(self, policy: Policy, scale_out: bool = False, streams: bool = False) -> None:
+    def __init__(
+        self, policy: Policy, scale_out: bool = False, streams: bool = False, record: Record | None = None
+    ) -> None:
         self.policy = policy
+        self.record = record
         self.scale_out = scale_out
         self.streams = streams
         self.errors: list[str] = []
@@ -383,7 +392,7 @@ class PolicyBackend:
         return await self._run(self.derender_body, call.body)
 
     def chat_body(self, body: dict[str, Any]) -> dict[str, Any]:
-        return chat_response(body, self.policy)
+        return chat_response(body, self.policy, self.record)
 
     def render_body(self, body: dict[str, Any]) -> dict[str, Any]:
         key = f"render-{next(_ids)}"
@@ -403,6 +412,8 @@ class PolicyBackend:
         messages, tools = self._rendered.pop(body["scripted"])
         text = self.policy(messages, tools)
         ids = [*encode(text), build_tokenizer().convert_tokens_to_ids("<|im_end|>")]
+        if self.record is not None:  # the prompt as the Gateway sent it (the model's own earlier turns kept)
+            self.record(list(body["token_ids"]), ids)
         request_id = f"gen-{next(_ids)}"
         self._generated[request_id] = text
         logprobs = None
@@ -438,12 +449,18 @@ class ScriptedChatModel(FakeModelServer):
     `scale_out`: vLLM's scale-out endpoints (render / generate on tokens / derender), as with
     `vllm serve --enable-scale-out`; without them the Gateway passes calls through. `streams`: chat
     answers `stream: true` (the whole answer in one chunk), else 400. The server is
-    lenient, as vLLM is about the fields its schema does not check."""
+    lenient, as vLLM is about the fields its schema does not check. `record`: told every call's
+    prompt and answer ids."""
 
     def __init__(
-        self, policy: Policy, host: str = "127.0.0.1", scale_out: bool = False, streams: bool = False
+        self,
+        policy: Policy,
+        host: str = "127.0.0.1",
+        scale_out: bool = False,
+        streams: bool = False,
+        record: Record | None = None,
     ) -> None:
-        self.backend = PolicyBackend(policy, scale_out, streams)
+        self.backend = PolicyBackend(policy, scale_out, streams, record)
         super().__init__(host, backend=self.backend, lenient=True)
 
     @property

@@ -3,8 +3,8 @@
 `tests/vllm/scripted.py` fits one conversation the test writes out. A harness's conversation
 (its system prompt, tools, the tool results of its sandbox) is known only by running it, and its
 prompts run to thousands of tokens (a coding CLI's: 30k). So: run the harness once against the
-scripted model (`tests/fakes/scripted_model.py`) with its policy wrapped by `Recorder`, which
-keeps each call's prompt ids and answer ids in the scripted model's tokenizer; then fit a tiny
+scripted model (`tests/fakes/scripted_model.py`) with a `Recorder`, which keeps each call's
+prompt ids (as the Gateway sent them) and answer ids in the scripted model's tokenizer; then fit a tiny
 Qwen2 with that tokenizer and chat template until greedy decoding chooses every recorded answer
 token with probability > 0.999, and serve it with vLLM. The harness run again against vLLM then
 plays the same conversation, and every check (render, re-generation, streams, tool parsing) is
@@ -31,7 +31,7 @@ import torch
 from transformers.models.qwen2.modeling_qwen2 import rotate_half
 
 from agentlightning.tiny_model import TinyModelConfig, build_model, save_tiny
-from tests.fakes.scripted_model import Policy, build_tokenizer, decode, encode, render_prompt
+from tests.fakes.scripted_model import build_tokenizer, decode
 
 MODEL = TinyModelConfig(
     hidden_size=256,  # its MLP does the remembering; it runs on the answers' tokens only
@@ -57,19 +57,14 @@ class Call:
 
 
 class Recorder:
-    """Wraps a scripted model's policy and keeps every call it answers."""
+    """A scripted model's `record`: keeps every call it answers, as its token ids."""
 
-    def __init__(self, policy: Policy, name: str = "") -> None:
-        self.policy = policy
+    def __init__(self, name: str = "") -> None:
         self.name = name
         self.calls: list[Call] = []
 
-    def __call__(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-        text = self.policy(messages, tools)
-        eos = build_tokenizer().convert_tokens_to_ids("<|im_end|>")
-        prompt = tuple(encode(render_prompt(messages, tools)))
-        self.calls.append(Call(prompt, (*encode(text), eos), f"{self.name} call {len(self.calls) + 1}"))
-        return text
+    def __call__(self, prompt: list[int], answer: list[int]) -> None:
+        self.calls.append(Call(tuple(prompt), tuple(answer), f"{self.name} call {len(self.calls) + 1}"))
 
 
 class ReplayConflict(ValueError):

@@ -101,8 +101,8 @@ def test_claude_code_replayed_on_vllm_is_one_row_and_vllm_reproduces_every_answe
     vllm_ready: str, claude_code: AgentSpec, tmp_path: Path
 ) -> None:
     tasks = [{"task_id": SOLVED.instance_id}]
-    recorder = Recorder(claude.engineer())
-    with ScriptedChatModel(recorder, scale_out=True, streams=True) as scripted:
+    recorder = Recorder("Claude Code")
+    with ScriptedChatModel(claude.engineer(), scale_out=True, streams=True, record=recorder) as scripted:
         run_doctor(
             DoctorSettings(claude_code, tasks, tmp_path / "record", server=scripted.base_url, rollouts=1,
                            paths=(TOKEN_PATH,), timeout=600),
