@@ -13,6 +13,7 @@ from agentlightning.server.proxy.history import (
     continuation,
     knows,
     meaning,
+    prompt_and_segment,
 )
 
 USER = {"role": "user", "content": "what is 7+5"}
@@ -91,6 +92,37 @@ def test_classify_names_the_reason_and_the_token_where_the_prompt_stops_continui
     assert classify([first], summary, "[]", [1, 10, 30])["reason"] == "history_shortened"  # type: ignore[index]
     edited_answer = [*messages[:2], meaning({**CALL, "content": "x"}), messages[3]]
     assert classify([first], edited_answer, "[]", [1, 10, 11, 5, 7])["reason"] == "answer_edited"  # type: ignore[index]
+
+
+def test_a_call_that_goes_on_from_before_the_latest_answer_keeps_its_tokens_and_records_the_break() -> None:
+    """A branch: the agent dropped the latest answer (or changed it past repeating) and went on
+    from the turn before. The earlier turn's exact tokens are continued, and the break from the
+    latest turn is recorded: the rollout's row breaks there."""
+    first = turn([SYSTEM, USER], rendered=[1, 10, 11, 5], response=[50, 51, EOS])
+    messages = [meaning(m) for m in (SYSTEM, USER, CALL_RESENT, RESULT)]
+    # The latest turn continued the first: its prompt is not a rendering.
+    continued = [1, 10, 11, 5, 50, 51, EOS, 9, 6, 70, EOS, 9, 5]
+    latest = Turn(messages, "[]", None, continued, [80, 81, EOS], meaning(CALL), finished=True)
+    rendered = [1, 10, 11, 5, 60, 61, 62, EOS, 9, 6, 70, EOS, 9, 5]
+    # The latest answer sent back edited, then a new tool result.
+    went_on = [*messages, meaning({**CALL, "content": "edited"}), meaning(RESULT)]
+    rendered_on = [*rendered, 82, EOS, 9, 6, 71, EOS, 9, 5]
+    prompt, segment = prompt_and_segment([first, latest], went_on, "[]", rendered_on)
+    assert prompt == [1, 10, 11, 5, 50, 51, EOS, *rendered_on[8:]]  # the first turn's exact tokens
+    assert segment == {
+        "continues": True,
+        "token_exact": True,
+        "break": {"reason": "answer_edited", "index": 13},
+    }
+    # Going on from the latest answer: no break; the attempt's first call: first.
+    assert prompt_and_segment([first], messages, "[]", rendered)[1] == {
+        "continues": True,
+        "token_exact": True,
+    }
+    assert prompt_and_segment([], messages, "[]", rendered) == (
+        rendered,
+        {"continues": False, "token_exact": True, "first": True},
+    )
 
 
 def test_history_keeps_a_token_budget() -> None:

@@ -182,6 +182,29 @@ def continuation(turns: list[Turn], messages: list[tuple[Any, ...]], rendered: l
     return None
 
 
+def prompt_and_segment(
+    turns: list[Turn], messages: list[tuple[Any, ...]], tools: str, rendered: list[int]
+) -> tuple[list[int], dict[str, Any]]:
+    """The prompt to generate on (an earlier turn's exact tokens continued, else the server's
+    rendering) and the call's segment record. A call that continues an earlier turn but not the
+    latest (the agent dropped or changed the latest answer and went on from before it: a branch)
+    keeps its exact tokens and records the break from the latest turn too: the rollout's row
+    breaks there."""
+    prompt = continuation(turns, messages, rendered)
+    if prompt is not None:
+        segment: dict[str, Any] = {"continues": True, "token_exact": True}
+        branched = classify(turns, messages, tools, prompt)
+        if branched is not None:
+            segment["break"] = branched
+        return prompt, segment
+    if not turns:
+        return rendered, {"continues": False, "token_exact": True, "first": True}
+    broken = classify(turns, messages, tools, rendered)
+    if broken is None:  # the server's rendering itself extends the latest turn
+        return rendered, {"continues": True, "token_exact": True}
+    return rendered, {"continues": False, "token_exact": True, "break": broken}
+
+
 def first_difference(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):

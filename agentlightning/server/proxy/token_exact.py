@@ -38,9 +38,9 @@ from agentlightning.server.proxy.history import (
     Turn,
     answered,
     classify,
-    continuation,
     knows,
     meaning,
+    prompt_and_segment,
     tools_key,
 )
 from agentlightning.server.proxy.translate import sse
@@ -236,15 +236,7 @@ class TokenExact:
         messages = messages_of(chat)
         tools = tools_key(chat)
         turns = await self.recall(store, rollout_id, attempt_id, messages, model)
-        prompt = continuation(turns, messages, rendered_ids)
-        segment: dict[str, Any] = {"continues": True, "token_exact": True}
-        if prompt is None:
-            prompt = rendered_ids
-            broken = classify(turns, messages, tools, prompt)
-            if not turns:
-                segment = {"continues": False, "token_exact": True, "first": True}
-            elif broken is not None:
-                segment = {"continues": False, "token_exact": True, "break": broken}
+        prompt, segment = prompt_and_segment(turns, messages, tools, rendered_ids)
         sampling = dict(generate_request.get("sampling_params") or {})
         if isinstance(sampling.get("max_tokens"), int):
             # The server sized max_tokens for the rendered prompt; keep the same total length.
