@@ -179,7 +179,7 @@ def swe_case(cli: str | None, work: Path) -> Iterator[Case]:
         from tests.examples import test_swe_claude_code as claude
 
         agent, label, chosen = claude.AGENT, "Claude Code (its Bash tool, bubblewrap)", claude.engineer()
-        env = claude.AGENT_ENV
+        env = dict(claude.AGENT_ENV)
     else:
         from tests.examples.test_swe_cli_harnesses import HARNESSES as CLIS
         from tests.examples.test_swe_cli_harnesses import engineer

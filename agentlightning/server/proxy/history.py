@@ -163,6 +163,14 @@ def continuation(turns: list[Turn], messages: list[tuple[Any, ...]], rendered: l
     """The prompt the model saw, continued: the latest earlier turn whose request and answer
     this history repeats gives its exact prompt + response, followed by what this request
     adds (rendered). None when no turn is repeated."""
+    found = _continued(turns, messages, rendered)
+    return None if found is None else found[0]
+
+
+def _continued(
+    turns: list[Turn], messages: list[tuple[Any, ...]], rendered: list[int]
+) -> tuple[list[int], Turn] | None:
+    """`continuation`'s prompt and the turn it continues."""
     for turn in reversed(turns):
         n = len(turn.messages)
         if not turn.finished or not turn.response or turn.rendered is None or len(messages) <= n:
@@ -178,7 +186,7 @@ def continuation(turns: list[Turn], messages: list[tuple[Any, ...]], rendered: l
             end = rendered.index(turn.response[-1], len(turn.rendered))
         except ValueError:
             continue
-        return turn.prompt + turn.response + rendered[end + 1 :]
+        return turn.prompt + turn.response + rendered[end + 1 :], turn
     return None
 
 
@@ -190,12 +198,14 @@ def prompt_and_segment(
     latest (the agent dropped or changed the latest answer and went on from before it: a branch)
     keeps its exact tokens and records the break from the latest turn too: the rollout's row
     breaks there."""
-    prompt = continuation(turns, messages, rendered)
-    if prompt is not None:
+    found = _continued(turns, messages, rendered)
+    if found is not None:
+        prompt, turn = found
         segment: dict[str, Any] = {"continues": True, "token_exact": True}
-        branched = classify(turns, messages, tools, prompt)
-        if branched is not None:
-            segment["break"] = branched
+        if turn is not turns[-1]:  # a branch (continuing the latest turn needs no other compare)
+            branched = classify(turns, messages, tools, prompt)
+            if branched is not None:
+                segment["break"] = branched
         return prompt, segment
     if not turns:
         return rendered, {"continues": False, "token_exact": True, "first": True}
