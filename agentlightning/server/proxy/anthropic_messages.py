@@ -372,4 +372,4 @@ def _encode(events: list[tuple[str, dict[str, Any]]]) -> bytes:
     return b"".join(sse(kind, {"type": kind, **data}, named=True) for kind, data in events)
 
 
-Stream = MessageStream  # the translation's stream, as handler.py picks it
+Stream = MessageStream  # translate.Translation's stream

@@ -14,9 +14,9 @@ import re
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentlightning.log import get_logger
+from agentlightning.server.proxy.answers import error_answer
 from agentlightning.server.proxy.apis import BY_ROUTE, ROUTES
 from agentlightning.server.proxy.handler import handle_call
-from agentlightning.server.proxy.responses import error_answer
 from agentlightning.server.state import GatewayState
 from agentlightning.server.store import StoreUnavailable
 

@@ -23,8 +23,9 @@ import orjson
 
 from agentlightning.model_call import CallTriplet
 from agentlightning.schemas import EVENT_MODEL_REQUEST
+from agentlightning.server.proxy.capture import CallRecord
 from agentlightning.server.store import Store
-from agentlightning.server.triplet import prompt_key
+from agentlightning.server.triplet import model_request_triplet, prompt_key
 
 MAX_ATTEMPTS = 16384  # attempts the index keeps (LRU)
 MAX_HOLDERS = 64  # calls per attempt still holding routes (interleaved conversations)
@@ -117,3 +118,21 @@ class RouteIndex:
                         holders.append(_Holder.of(e.sequence, t["prompt_token_ids"], t["response_token_ids"]))
         if key not in self._attempts:  # another call of the attempt may have loaded it meanwhile
             self._keep(key, holders)
+
+    async def save(self, store: Store, record: CallRecord, routes: object) -> None:
+        """Record the call, then its routes apart, dropping those it supersedes."""
+        encoded = orjson.dumps(routes)  # parsed from JSON just before: it encodes
+        del record.data["routed_experts"]  # reads splice the stored routes in (events.render_events)
+        sequence = await record.save(store)
+        if record.data.get("status") == "error":
+            return
+        triplet = model_request_triplet(record.data)
+        await self.load(store, record.rollout_id, record.attempt_id)
+        drop = self.supersede(
+            record.rollout_id,
+            record.attempt_id,
+            sequence,
+            triplet["prompt_token_ids"],
+            triplet["response_token_ids"],
+        )
+        await store.put_routes(record.rollout_id, sequence, encoded, drop)

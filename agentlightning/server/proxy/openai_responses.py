@@ -388,4 +388,4 @@ def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-Stream = ResponseStream  # the translation's stream, as handler.py picks it
+Stream = ResponseStream  # translate.Translation's stream

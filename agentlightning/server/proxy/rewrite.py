@@ -1,14 +1,65 @@
-"""What the proxy changes in an agent's request, and which inference server gets it."""
+"""The rewrite stage: what the proxy changes in an agent's request, and which inference server
+gets it. A Responses or Messages request becomes the chat request that means the same
+(translate.Translation); `max_tokens` is fitted to the served context (context.py)."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from agentlightning.schemas import Model
 from agentlightning.server.config import DefaultProxyConfig
+from agentlightning.server.proxy import anthropic_messages, openai_responses
 from agentlightning.server.proxy.apis import Api
+from agentlightning.server.proxy.context import LIMIT_KEYS, fit_max_tokens
+from agentlightning.server.proxy.translate import Translation
+from agentlightning.server.state import GatewayState
+
+TRANSLATIONS: dict[Api, Translation] = {
+    "responses": openai_responses,
+    "anthropic.messages": anthropic_messages,
+}
+
+
+@dataclass
+class ProxyRequest:
+    """An agent's call after the rewrite stage: what goes upstream, and to which endpoint."""
+
+    body: dict[str, Any]  # the agent's request, as sent
+    upstream_body: dict[str, Any]  # the chat request for a translated API; else the agent's body
+    params: dict[str, Any]  # what the proxy sets on it (`rewrite`)
+    model_name: str
+    model: Model | None
+    translation: Translation | None  # None for the OpenAI APIs themselves
+    stream: bool
+
+
+async def rewrite_call(
+    state: GatewayState, body: dict[str, Any], api: Api, mode: str, rollout_id: str
+) -> ProxyRequest:
+    """The request as it goes upstream: translated to chat (Responses, Messages), the proxy's
+    parameters set, its endpoint picked, `max_tokens` fitted to the served context. Raises
+    translate.ApiInputError for a request its API cannot serve (the agent's 400)."""
+    config = state.config.default_proxy
+    stream = body.get("stream") is True
+    translation = TRANSLATIONS.get(api)
+    # The policy the agent names (a run with several), else the configured model.
+    model_name = served_model(body, config, lambda name: bool(state.models.endpoints(name)))
+    if translation is None:
+        upstream_body = body
+        params = rewrite(body, api, mode, config, model_name)
+    else:
+        # Served as a chat call, a stream's chunks re-spoken in the agent's API as they come.
+        upstream_body = translation.to_chat(body)
+        if stream:
+            upstream_body["stream"] = True
+        params = rewrite(upstream_body, "chat.completions", mode, config, model_name)
+    model = pick_endpoint(state.models.endpoints(model_name), rollout_id)
+    if model is not None and any(key in upstream_body for key in LIMIT_KEYS):
+        fit_max_tokens(upstream_body, params, await state.proxy.context.of(model.endpoint, params["model"]))
+    return ProxyRequest(body, upstream_body, params, model_name, model, translation, stream)
 
 
 def served_model(body: dict[str, Any], config: DefaultProxyConfig, registered: Callable[[str], bool]) -> str:

@@ -15,9 +15,9 @@ from fastapi import APIRouter, Path, Request, Response
 
 from agentlightning.log import get_logger
 from agentlightning.schemas import ID_PATTERN, PauseRequest, ProxyState
+from agentlightning.server.proxy.answers import error_answer
 from agentlightning.server.proxy.apis import AGENT_APIS, ROOT, SERVED, AgentApi
 from agentlightning.server.proxy.handler import handle_call
-from agentlightning.server.proxy.responses import error_answer
 from agentlightning.server.state import get_state
 
 log = get_logger("proxy")

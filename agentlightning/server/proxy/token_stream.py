@@ -22,8 +22,8 @@ from starlette.types import Send
 
 from agentlightning.log import get_logger
 from agentlightning.schemas import Model
+from agentlightning.server.proxy.answers import UpstreamStream, error_event
 from agentlightning.server.proxy.capture import CallRecord
-from agentlightning.server.proxy.responses import UpstreamStream, error_event
 from agentlightning.server.proxy.sse import DONE, EventSplitter, event_data
 from agentlightning.server.proxy.token_exact import (
     GENERATE,

@@ -103,6 +103,18 @@ class ApiStream(Protocol):
     def error(self, status: int, message: str, kind: str) -> bytes: ...
 
 
+class Translation(Protocol):
+    """An agent API served as chat (openai_responses.py, anthropic_messages.py, each a module of
+    these three): its request as the chat request that means the same, the chat answer back in
+    the API, and a chat stream re-spoken in it."""
+
+    def to_chat(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    def from_chat(self, chat: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]: ...
+
+    def Stream(self, request: dict[str, Any], input_tokens: int | None) -> ApiStream: ...
+
+
 class CallDelta(NamedTuple):
     """A piece of a streamed tool call: its position among the answer's calls; id and name on its first piece."""
 

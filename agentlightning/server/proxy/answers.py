@@ -1,4 +1,7 @@
-"""The proxy's answers to the agent: plain, error, and the pass-through event stream.
+"""The answer stage: what the agent gets back, in its API. A whole answer (`answer_for`: from
+what the dispatch stage brought back, translated back for Responses and Messages, the call's
+record finished), an error, or the pass-through event stream (`StreamAnswer`; the token path's
+stream is token_stream.py's).
 
 Each holds a `done` callback that runs after its last byte was sent (or the agent left), so
 the in-flight count covers a call until the agent has all of it.
@@ -18,10 +21,15 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from agentlightning.log import get_logger
+from agentlightning.server.config import DefaultProxyConfig
 from agentlightning.server.proxy.anthropic_messages import error_body as anthropic_error_body
+from agentlightning.server.proxy.apis import Api
 from agentlightning.server.proxy.capture import CallRecord
+from agentlightning.server.proxy.experts import pop_routed_experts
+from agentlightning.server.proxy.rewrite import ProxyRequest, wants_usage_chunk
 from agentlightning.server.proxy.sse import DONE, EventSplitter, StreamAssembler, event_data, parse_event
-from agentlightning.server.proxy.translate import ApiStream
+from agentlightning.server.proxy.token_exact import ExactCall, chat_stream
+from agentlightning.server.proxy.translate import ApiStream, chat_usage, whole_stream
 from agentlightning.server.proxy.upstream import Forwarded
 from agentlightning.server.store import RolloutNotFound, Store
 
@@ -247,3 +255,90 @@ def _usage_only(chunk: Any) -> bool:
 
 def error_event(status: int, message: str, kind: str) -> bytes:
     return b"data: " + orjson.dumps({"error": {"message": message, "type": kind, "code": status}}) + b"\n\n"
+
+
+def answer_for(
+    request: ProxyRequest,
+    record: CallRecord,
+    forwarded: Forwarded,
+    exact: ExactCall | None,
+    api: Api,
+    mode: str,
+    config: DefaultProxyConfig,
+    started: float,
+) -> tuple[Answer, object]:
+    """The answer stage: the agent's answer in its API from what came back, and the call's
+    record finished; with vLLM's MoE routes when it sent them on a train-mode call (kept apart:
+    experts.py)."""
+    body, translation, stream = request.body, request.translation, request.stream
+    latency_ms = (time.perf_counter() - started) * 1000
+    status = forwarded.status
+    routes = None
+    if forwarded.error == "no_endpoint":
+        message = (
+            f"no inference server is registered for model '{request.model_name}': "
+            "register one with POST /api/models (the trainer does this when it starts)"
+        )
+        answer = error_answer(503, message, "no_endpoint", api=api)
+        record.finish(http_status=503, latency_ms=latency_ms, model=None, tries=0, error=message)
+    elif forwarded.error is not None:  # retries used up
+        kind = "upstream_timeout" if status == 504 else "upstream_error"
+        answer = error_answer(status, forwarded.error, kind, api=api)
+        record.finish(
+            http_status=status,
+            latency_ms=latency_ms,
+            model=forwarded.model,
+            tries=forwarded.tries,
+            error=forwarded.error,
+        )
+        log.warning("upstream_failed", rollout_id=record.rollout_id, status=status, error=forwarded.error)
+    else:  # the upstream's answer, passed through as it is
+        answer = Answer(forwarded.body, status, forwarded.content_type)
+        response = None
+        error = None
+        if exact is not None and exact.response is not None:
+            response = exact.response
+            if translation is None:
+                answer = (
+                    Answer(chat_stream(response, wants_usage_chunk(body)), 200, "text/event-stream")
+                    if stream
+                    else Answer(orjson.dumps(response), 200)
+                )
+        elif 200 <= status < 300:
+            try:
+                response = orjson.loads(forwarded.body)
+            except orjson.JSONDecodeError:
+                error = f"the inference server answered {status} with a body that is not JSON"
+            if config.include_routed_experts and isinstance(response, dict):
+                # vLLM (0.32: `enable_return_routed_experts` server-side) returns routes on every
+                # answer: never the agent's to see (as v1.0); kept for train-mode calls only.
+                routes = pop_routed_experts(response)
+                answer = Answer(orjson.dumps(response), status, forwarded.content_type)
+                if mode != "train":
+                    routes = None
+        else:
+            error = (
+                f"the inference server answered {status}: {forwarded.body[:1000].decode(errors='replace')}"
+            )
+            if translation is not None:  # in the agent's API's error shape, with the server's status
+                answer = error_answer(status, error, "upstream_error", api=api)
+        if translation is not None and error is not None and 200 <= status < 300:
+            answer = error_answer(502, error, "upstream_error", api=api)
+        elif translation is not None and isinstance(response, dict):
+            if stream:
+                events = translation.Stream(body, chat_usage(response)[0])
+                api_response, streamed = whole_stream(events, response)
+                answer = Answer(streamed, status, "text/event-stream")
+            else:
+                api_response = translation.from_chat(response, body)
+                answer = Answer(orjson.dumps(api_response), status)
+            record.data["api_response"] = api_response
+        record.finish(
+            http_status=status,
+            latency_ms=latency_ms,
+            model=forwarded.model,
+            tries=forwarded.tries,
+            response=response,
+            error=error,
+        )
+    return answer, routes
