@@ -15,6 +15,7 @@ the proxy issue, with the CPU time per call of every process (the median over th
     .venv/bin/python bench/proxy.py --gateway-cmd '/other/venv/bin/agl-server proxy.max_connections=100'
     .venv/bin/python bench/proxy.py --metrics-off     # also a gateway with metrics.enabled=false: the cost of /metrics
     .venv/bin/python bench/proxy.py --token-exact --scenarios 64:0.05   # pass-through vs tokens in/out vs direct
+    .venv/bin/python bench/proxy.py --token-exact --turns 4   # agents of 4-call conversations
 
 A gateway command gets `port=… key=… log_level=warning` appended, and `store.url=` a fresh
 SQLite file unless it sets one.
@@ -52,6 +53,7 @@ MESSAGES = [
         "content": "A train leaves at 3pm at 60 km/h; another at 4pm at 90 km/h. When does it catch up?",
     },
 ]
+NEXT_QUESTION = {"role": "user", "content": "And if the second train left at 5pm?"}
 # (calls in flight, model delay in seconds) -> targets (min throughput ratio, max added p50 in ms)
 TARGETS: dict[tuple[int, float], tuple[float, float | None]] = {
     (64, 0.05): (0.5, 10.0),
@@ -64,7 +66,7 @@ TARGETS: dict[tuple[int, float], tuple[float, float | None]] = {
 
 
 async def _load(
-    urls: list[str], keys: list[str], duration: float, warmup: float, body: bytes
+    urls: list[str], keys: list[str], duration: float, warmup: float, turns: int
 ) -> dict[str, Any]:
     import aiohttp
 
@@ -81,15 +83,24 @@ async def _load(
         async def agent(url: str, key: str, start_after: float) -> None:
             nonlocal completed, total
             await asyncio.sleep(start_after)
+            messages = list(MESSAGES)
             while time.perf_counter() < window_end:
+                body = json.dumps({"model": "policy", "messages": messages, "max_tokens": 32}).encode()
                 t0 = time.perf_counter()
                 try:
                     async with session.post(url, data=body, headers={"x-api-key": key}) as r:
-                        await r.read()
+                        answer = await r.read()
                         ok = r.status == 200
                         kind = f"HTTP {r.status}"
                 except Exception as exc:  # counted, never fatal: the benchmark reports errors
                     ok, kind = False, type(exc).__name__
+                # A multi-turn agent: the answer and a next question go on the conversation,
+                # `turns` calls long, then it starts over (in the same attempt).
+                if ok and len(messages) < len(MESSAGES) + 2 * (turns - 1):
+                    said = json.loads(answer)["choices"][0]["message"]
+                    messages += [{"role": "assistant", "content": said.get("content")}, NEXT_QUESTION]
+                else:
+                    messages = list(MESSAGES)
                 t1 = time.perf_counter()
                 total += 1
                 if window_start <= t1 <= window_end:
@@ -125,9 +136,8 @@ def worker(args: argparse.Namespace) -> None:
         uvloop.install()
     except ImportError:
         pass
-    body = json.dumps({"model": "policy", "messages": MESSAGES, "max_tokens": 32}).encode()
     keys = spec.get("keys") or [KEY] * len(spec["urls"])
-    result = asyncio.run(_load(spec["urls"], keys, spec["duration"], spec["warmup"], body))
+    result = asyncio.run(_load(spec["urls"], keys, spec["duration"], spec["warmup"], spec["turns"]))
     lat = result.pop("latencies")
     result["p50_ms"] = _pct(lat, 0.50) * 1000
     result["p99_ms"] = _pct(lat, 0.99) * 1000
@@ -142,9 +152,9 @@ def _pct(sorted_values: list[float], q: float) -> float:
 
 
 def run_load(
-    urls: list[str], duration: float, warmup: float, keys: list[str] | None = None
+    urls: list[str], duration: float, warmup: float, keys: list[str] | None = None, turns: int = 1
 ) -> dict[str, Any]:
-    spec = json.dumps({"urls": urls, "keys": keys, "duration": duration, "warmup": warmup})
+    spec = json.dumps({"urls": urls, "keys": keys, "duration": duration, "warmup": warmup, "turns": turns})
     out = subprocess.run(
         pinned([sys.executable, __file__, "--worker"], "others"),
         input=spec,
@@ -262,7 +272,7 @@ def measure(
 ) -> dict[str, Any]:
     """One load run, with the CPU time per call of each process."""
     before = cpu_seconds(model.pid), cpu_seconds(gw.process.pid) if gw else 0.0
-    result = run_load(urls, args.duration, args.warmup, keys)
+    result = run_load(urls, args.duration, args.warmup, keys, args.turns)
     calls = max(result["total"], 1)
     cpu_ms = [result["cpu_ms_per_call"], (cpu_seconds(model.pid) - before[0]) * 1000 / calls]
     if gw is not None:
@@ -328,6 +338,15 @@ def main() -> None:
         action="store_true",
         help="also run a gateway with metrics.enabled=false and print the metrics on/off throughput ratio",
     )
+    parser.add_argument(
+        "--turns",
+        type=int,
+        default=1,
+        help="calls per conversation: each agent sends the model's answer and a next question back, "
+        "TURNS calls long, then starts over (default 1: every call the same question). On the token "
+        "path, a call that goes on from an earlier answer is served with render, generate and "
+        "derender; a conversation's first call with the server's chat API",
+    )
     parser.add_argument("--smoke", action="store_true", help="a few seconds, tiny sizes: that it runs")
     args = parser.parse_args()
     if args.worker:
@@ -335,6 +354,7 @@ def main() -> None:
         return
     if args.smoke:  # the suite's check that it runs: one small scenario, a second of load
         args.scenarios, args.duration, args.warmup, args.repeat = "8:0.01", 0.5, 0.3, 1
+        args.token_exact, args.turns = True, max(args.turns, 2)  # both paths, calls that go on
 
     scenarios = []
     for item in args.scenarios.split(","):

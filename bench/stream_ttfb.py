@@ -1,6 +1,10 @@
 """Time to first byte of a streamed call on the token path: the engine's own chat stream against
 the same call through the Gateway (render, generate streamed, one streamed derender per read).
 
+The measured call goes on from an opening exchange of its attempt (a short answer the engine is
+made to end at once): a call that continues no earlier turn is served by the engine's chat API
+itself, one request (docs/gateway.md), and is timed too ("through the Gateway (first call)").
+
 One run starts the engine (vLLM-CPU serving the demo's tiny model (its vLLM recipe) with `--enable-scale-out`; or,
 `--smoke`, the fake vLLM-shaped model server) and one `agl-server`, then streams the same long
 answer (`ignore_eos`, `--max-tokens`) `--calls` times each way, interleaved, after one warm-up
@@ -39,18 +43,20 @@ from agentlightning.schemas import Model, RolloutCreate  # noqa: E402
 
 KEY = "ttfb-key"
 MESSAGES = [{"role": "user", "content": "Count from one to a thousand."}]
+NEXT = {"role": "user", "content": "Go on counting."}
 
 
 @contextmanager
-def engine(smoke: bool, work: Path) -> Iterator[str]:
-    """The engine's base URL (…/v1 is its OpenAI root)."""
+def engine(smoke: bool, work: Path) -> Iterator[tuple[str, dict[str, float]]]:
+    """The engine's base URL (…/v1 is its OpenAI root), and the `logit_bias` that makes its
+    model end an answer at once (the opening exchange's: an answer that ended, not one cut)."""
     if smoke:
         from tests.fakes.model_server import FakeModelServer
 
         fake = FakeModelServer(default_content=" ".join(["word"] * 40))
         fake.state.scale_out = True  # render / generate on tokens / derender, as vLLM's flag
         with fake:
-            yield fake.url
+            yield fake.url, {}  # its answers end within the opening's max_tokens
         return
     from agentlightning.tiny_model import build_model, build_tokenizer, save_tiny
     from agentlightning.torch_backend.vllm_server import VLLMServer, VLLMServerConfig
@@ -63,7 +69,7 @@ def engine(smoke: bool, work: Path) -> Iterator[str]:
     server.start()
     try:
         server.wait_ready()
-        yield server.base_url
+        yield server.base_url, {str(tokenizer.eos_token_id): 100.0}
     finally:
         server.stop()
 
@@ -95,18 +101,32 @@ def carries_tokens(chunk: dict[str, Any]) -> bool:
     return bool(choice.get("token_ids") or (choice.get("delta") or {}).get("content"))
 
 
-def stream_once(url: str, headers: dict[str, str], max_tokens: int) -> tuple[float, float, int]:
+def opening(url: str, headers: dict[str, str], end_now: dict[str, float]) -> list[dict[str, Any]]:
+    """One exchange, not streamed, that ends (the engine's stop token forced by `end_now`): the
+    history a next call goes on from."""
+    body = {"model": "policy", "messages": MESSAGES, "max_tokens": 64, "logit_bias": end_now}
+    answer = httpx.post(url, json=body, headers=headers, timeout=600, trust_env=False)
+    answer.raise_for_status()
+    choice = answer.json()["choices"][0]
+    if choice["finish_reason"] != "stop":
+        raise RuntimeError(f"the opening answer did not end: {choice}")
+    return [*MESSAGES, {"role": "assistant", "content": choice["message"]["content"]}, NEXT]
+
+
+def stream_once(
+    url: str, headers: dict[str, str], max_tokens: int, messages: list[dict[str, Any]]
+) -> tuple[float, float, int]:
     """A streamed chat call: to the first chunk with generated tokens, to the end, such chunks."""
-    body = {"model": "policy", "messages": MESSAGES, "max_tokens": max_tokens, "stream": True}
+    body = {"model": "policy", "messages": messages, "max_tokens": max_tokens, "stream": True}
     body["return_token_ids"] = True  # as the Gateway asks: a random model's tokens may print as nothing
     body["ignore_eos"] = True  # vLLM's sampling extension: the whole max_tokens, whatever the model writes
     return timed_stream(url, body, headers, carries_tokens)
 
 
-def generate_once(base: str, max_tokens: int) -> tuple[float, float, int]:
+def generate_once(base: str, max_tokens: int, messages: list[dict[str, Any]]) -> tuple[float, float, int]:
     """The engine's token endpoints read directly, no derender: render, then generate streamed;
     to generate's first event, to its end, its events."""
-    body = {"model": "policy", "messages": MESSAGES, "max_tokens": max_tokens, "ignore_eos": True}
+    body = {"model": "policy", "messages": messages, "max_tokens": max_tokens, "ignore_eos": True}
     rendered = httpx.post(f"{base}/v1/chat/completions/render", json=body, timeout=600, trust_env=False)
     rendered.raise_for_status()
     request = {**rendered.json(), "stream": True}
@@ -120,7 +140,10 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="the fake model server, 2 calls: that it runs")
     args = parser.parse_args()
     calls, max_tokens = (2, 40) if args.smoke else (args.calls, args.max_tokens)
-    with tempfile.TemporaryDirectory(prefix="agl-ttfb-") as tmp, engine(args.smoke, Path(tmp)) as base:
+    with (
+        tempfile.TemporaryDirectory(prefix="agl-ttfb-") as tmp,
+        engine(args.smoke, Path(tmp)) as (base, end_now),
+    ):
         work = Path(tmp)
         gateway = launch.start_gateway(
             port=free_port(),
@@ -135,7 +158,7 @@ def main() -> None:
         try:
             with GatewayClient(gateway.url, KEY) as client:
                 client.register_models([Model(model="policy", endpoint=f"{base}/v1")])
-                rollouts = [f"ttfb-{i}" for i in range(calls + 1)]
+                rollouts = [f"ttfb-{i}" for i in range(2 * calls + 2)]
                 client.create_rollouts([RolloutCreate(rollout_id=r, input={}) for r in rollouts])
             auth = {"Authorization": f"Bearer {KEY}"}
 
@@ -145,14 +168,19 @@ def main() -> None:
                 )
 
             direct_url = f"{base}/v1/chat/completions"
-            stream_once(direct_url, {}, max_tokens)  # warm-up, each way
-            stream_once(through(rollouts[0]), auth, max_tokens)
-            generate_once(base, max_tokens)
-            direct, ours, generate = [], [], []
-            for rollout in rollouts[1:]:
-                direct.append(stream_once(direct_url, {}, max_tokens))
-                ours.append(stream_once(through(rollout), auth, max_tokens))
-                generate.append(generate_once(base, max_tokens))
+            history = opening(direct_url, {}, end_now)  # the engine's: the same for every call
+            stream_once(direct_url, {}, max_tokens, history)  # warm-up, each way
+            stream_once(through(rollouts[0]), auth, max_tokens, MESSAGES)
+            stream_once(through(rollouts[1]), auth, max_tokens, opening(through(rollouts[1]), auth, end_now))
+            generate_once(base, max_tokens, history)
+            direct, first, ours, generate = [], [], [], []
+            for i in range(calls):
+                on_first, on_tokens = through(rollouts[2 + 2 * i]), through(rollouts[3 + 2 * i])
+                went_on = opening(on_tokens, auth, end_now)  # its answer is the engine's: the same history
+                direct.append(stream_once(direct_url, {}, max_tokens, history))
+                first.append(stream_once(on_first, auth, max_tokens, MESSAGES))
+                ours.append(stream_once(on_tokens, auth, max_tokens, went_on))
+                generate.append(generate_once(base, max_tokens, history))
         finally:
             gateway.stop()
 
@@ -161,17 +189,23 @@ def main() -> None:
 
     engine_name = "fake model server" if args.smoke else "vLLM-CPU, demo tiny model"
     print(f"streamed chat, {max_tokens} tokens, {calls} calls each way, {engine_name} (medians)")
-    print(f"{'':<28}{'first token ms':>14}{'last chunk ms':>15}{'chunks':>8}")
+    print(f"{'':<33}{'first token ms':>14}{'last chunk ms':>15}{'chunks':>8}")
     rows = (
         ("engine's own chat stream", direct),
         ("through the Gateway (token)", ours),
+        ("through the Gateway (first call)", first),
         ("engine's generate, read", generate),
     )
     for label, runs in rows:
         print(
-            f"{label:<28}{median(runs, 0) * 1000:>14.1f}{median(runs, 1) * 1000:>15.1f}{median(runs, 2):>8.0f}"
+            f"{label:<33}{median(runs, 0) * 1000:>14.1f}{median(runs, 1) * 1000:>15.1f}{median(runs, 2):>8.0f}"
         )
-    for label, runs in (("engine", direct), ("Gateway", ours), ("generate", generate)):
+    for label, runs in (
+        ("engine", direct),
+        ("Gateway", ours),
+        ("Gateway, first call", first),
+        ("generate", generate),
+    ):
         calls_ms = ", ".join(f"{first * 1000:.0f} ms / {n}" for first, _, n in runs)
         print(f"  each call, {label}: first token / chunks: {calls_ms}")
     added = (median(ours, 0) - median(direct, 0)) * 1000

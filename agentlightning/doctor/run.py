@@ -302,20 +302,29 @@ def run_doctor(settings: DoctorSettings, say: Any = print) -> HarnessReport:
         model = served_name(upstream, settings.api_key, settings.served_model)
         recorded: dict[str, list[RecordedRollout]] = {}
         notes: list[str] = []
+        no_token_path = (
+            "the model server does not serve vLLM's token endpoints (render / generate / derender): "
+            "the Gateway passes calls through, so training sees the server's re-render of each prompt"
+        )
+        token_endpoints = _serves_token_endpoints(upstream, model, settings.api_key)
         for path in settings.paths:
             exact = path == TOKEN_PATH
+            if exact and not token_endpoints:  # the token path would pass every call through
+                say("  the server serves no token endpoints: the token path is the pass-through")
+                notes.append(no_token_path)
+                if PASS_THROUGH in settings.paths:
+                    continue
+                path, exact = PASS_THROUGH, False
             say(f"{settings.name or settings.agent.label}: {settings.rollouts} rollout(s) on the {path}")
             work = settings.work / path.replace(" ", "-")
             with _stack(settings, upstream, model, exact, work) as (client, controller):
                 recorded[path] = _run_rollouts(client, controller, settings, work)
             if exact and _passed_through(recorded[path]):
-                # The server has no token endpoints: the Gateway passed every call through already.
-                say("  the server serves no token endpoints: the Gateway passed every call through")
+                # The Gateway found the token endpoints missing mid-run (a proxy that forwards
+                # only /v1 beside a render that answers): it passed the calls through.
+                say("  the server serves no token endpoints: the Gateway passed the calls through")
                 recorded[PASS_THROUGH] = recorded.pop(path)
-                notes.append(
-                    "the model server does not serve vLLM's token endpoints (render / generate / derender): "
-                    "the Gateway passes calls through, so training sees the server's re-render of each prompt"
-                )
+                notes.append(no_token_path)
                 break
         reports = [analyze(path, rollouts) for path, rollouts in recorded.items()]
         main = TOKEN_PATH if TOKEN_PATH in recorded else PASS_THROUGH
@@ -335,6 +344,28 @@ def _answered_tool_calls(call: dict[str, Any]) -> bool:
     return bool((choices[0].get("message") or {}).get("tool_calls"))
 
 
+def _serves_token_endpoints(base_url: str, model: str, api_key: str) -> bool:
+    """Whether the server renders a chat request as vLLM's scale-out endpoints do (`vllm serve
+    --enable-scale-out`): the Gateway serves calls that go on from an earlier turn on them."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+    try:
+        answer = httpx.post(
+            f"{base_url}/chat/completions/render", json=body, headers=headers, timeout=60, trust_env=False
+        )
+        rendered = answer.json() if answer.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return False
+    return (
+        isinstance(rendered, dict)
+        and isinstance(rendered.get("token_ids"), list)
+        and bool(rendered["token_ids"])
+    )
+
+
 def _passed_through(rollouts: Sequence[RecordedRollout]) -> bool:
-    calls = [c for r in rollouts for c in r.calls]
-    return bool(calls) and all((c.get("segment") or {}).get("token_exact") is False for c in calls)
+    """Whether the Gateway found the server without the token endpoints: a call of the APIs the
+    token path serves was passed through. (A call that goes on from no earlier turn is exact
+    either way, served by the chat API: it says nothing of the endpoints.)"""
+    calls = [c for r in rollouts for c in r.calls if c.get("api") != "completions"]
+    return any((c.get("segment") or {}).get("token_exact") is False for c in calls)

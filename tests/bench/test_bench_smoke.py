@@ -22,7 +22,11 @@ EXAMPLES_PYTHON = REPO / ".venv-examples" / "bin" / "python"
 
 # script, interpreter, what its report must contain
 SMOKES = {
-    "proxy": (sys.executable, r"via ours +\d+ +\d+\.\d\d"),  # calls/s and the ratio to direct
+    # calls/s and the ratio to direct, on pass-through and the token path, with no failed call
+    "proxy": (
+        sys.executable,
+        r"via ours +\d+ +\d+\.\d\d( +[-+\d.]+){4} +0 .*\n.*via exact +\d+ +\d+\.\d\d( +[-+\d.]+){4} +0 ",
+    ),
     "store": (sys.executable, r"through the Gateway \d+\.\d\dx"),
     "collect": (sys.executable, r"speed-up: fetch x[\d.]+, aggregation x[\d.]+, total x[\d.]+"),
     "controller": (sys.executable, r"warm start is +[\d.]+x the fresh interpreter"),

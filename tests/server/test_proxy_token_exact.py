@@ -169,6 +169,18 @@ def anthropic_loop(rollout: Rollout, stream: bool) -> str:
 
 
 LOOPS = {"chat.completions": chat_loop, "responses": responses_loop, "anthropic.messages": anthropic_loop}
+OPENING = Reply(content="hi there")  # the answer `opening` asks for: script it first
+
+
+def opening(rollout: Rollout) -> list[dict[str, Any]]:
+    """One finished exchange, as the history a next call sends: that call continues this turn,
+    so the token path serves it with render, generate and derender (a call that continues no
+    earlier turn has the server's rendering as its prompt, and goes to the chat API in one
+    request)."""
+    hi: list[ChatCompletionMessageParam] = [{"role": "user", "content": "say hi"}]
+    answer = rollout.openai.chat.completions.create(model="m", messages=hi).choices[0].message
+    assert answer.content == OPENING.content
+    return [{"role": "user", "content": "say hi"}, {"role": "assistant", "content": answer.content}]
 
 
 @pytest.mark.parametrize("api", list(LOOPS))
@@ -191,20 +203,22 @@ def test_a_re_serialized_tool_call_keeps_the_rollout_one_row(
         assert second["segment"] == {"continues": True, "token_exact": True} and second["stream"] is stream
         paths = [r["path"] for r in scale_out_fake.requests]
         steps = [p for i, p in enumerate(paths) if i == 0 or paths[i - 1] != p]
-        call_steps = [
+        # The first call continues nothing: the chat API serves it, one request. The second
+        # continues it: render, generate on the tokens, derender.
+        assert steps == [
+            "/v1/chat/completions",
             "/v1/chat/completions/render",
             "/inference/v1/generate",
             "/v1/chat/completions/derender",
         ]
-        assert steps == call_steps * 2
         # A stream, in every API, is derendered event by event (events that arrive together as
         # one: at most one request a token), then whole.
-        streamed_derenders = len(paths) - 6
+        streamed_derenders = len(paths) - 4
         if stream:
             assert 1 <= streamed_derenders <= len("it is 9".split()) + 1
         else:
             assert streamed_derenders == 0
-        render, generate = scale_out_fake.requests[3]["body"], scale_out_fake.requests[4]["body"]
+        render, generate = scale_out_fake.requests[1]["body"], scale_out_fake.requests[2]["body"]
         # The prompt the model saw: the first call's prompt and answer as generated, then what is new.
         sequence = first["response"]["prompt_token_ids"] + first["response"]["choices"][0]["token_ids"]
         assert generate["token_ids"][: len(sequence)] == sequence
@@ -228,6 +242,49 @@ def test_a_re_serialized_tool_call_keeps_the_rollout_one_row(
     sequence = first["response"]["prompt_token_ids"] + first["response"]["choices"][0]["token_ids"]
     assert len(first["response"]["prompt_token_ids"]) < broken["index"] < len(sequence)
     assert len(rollout.rows()) == 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_that_continues_no_turn_is_one_chat_request_recorded_as_the_token_path_would(
+    gateways: dict[str, RunningGateway], scale_out_fake: FakeModelServer, stream: bool
+) -> None:
+    """An attempt's first call: the server's rendering is its prompt whatever the token path
+    would do, so the server's chat API serves it, one request instead of render, generate and
+    derender, with the same ids recorded and the attempt's history noted (the next call goes on
+    from it on the token path's steps)."""
+    scale_out_fake.state.reset()
+    scale_out_fake.script(Reply(content="it is 9"), Reply(content="yes"))
+    rollout = Rollout(gateways["exact"])
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": QUESTION}]
+    if stream:
+        chunks = rollout.openai.chat.completions.create(model="m", messages=messages, stream=True)
+        said = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        said = (
+            rollout.openai.chat.completions.create(model="m", messages=messages).choices[0].message.content
+            or ""
+        )
+    assert said == "it is 9"
+    assert [r["path"] for r in scale_out_fake.requests] == ["/v1/chat/completions"]
+    (event,) = rollout.events()
+    assert event["segment"] == {"continues": False, "token_exact": True, "first": True}
+    assert event["response"]["prompt_token_ids"] == chat_prompt_ids([{"role": "user", "content": QUESTION}])
+    assert event["response"]["choices"][0]["token_ids"] == [*encode("it is 9"), END]
+    assert event["response"]["choices"][0]["logprobs"]["content"]  # train mode: the log-probs too
+
+    messages += [{"role": "assistant", "content": said}, {"role": "user", "content": "sure?"}]
+    rollout.openai.chat.completions.create(model="m", messages=messages)
+    assert [r["path"] for r in scale_out_fake.requests][1:] == [
+        "/v1/chat/completions/render",
+        "/inference/v1/generate",
+        "/v1/chat/completions/derender",
+    ]
+    first, second = rollout.events()
+    assert second["segment"] == {"continues": True, "token_exact": True}
+    sequence = first["response"]["prompt_token_ids"] + first["response"]["choices"][0]["token_ids"]
+    assert second["response"]["prompt_token_ids"][: len(sequence)] == sequence
+    (row,) = rollout.rows()
+    assert row.n_calls == 2
 
 
 def test_a_compacted_history_starts_a_new_segment(
@@ -270,13 +327,21 @@ def test_an_upstream_without_the_endpoints_is_passed_through(
             with GatewayClient(gw.url, KEY) as c:
                 c.register_models([Model(model="policy", endpoint=plain.base_url, version=1)])
             rollout = Rollout(gw)
-            for _ in range(2):
-                rollout.openai.chat.completions.create(
-                    model="m", messages=[{"role": "user", "content": "hi"}]
-                )
-            assert [r["path"] for r in plain.requests] == ["/v1/chat/completions"] * 2
+            messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+            for _ in range(3):
+                said = rollout.openai.chat.completions.create(model="m", messages=messages).choices[0]
+                messages += [
+                    {"role": "assistant", "content": said.message.content},
+                    {"role": "user", "content": "go on"},
+                ]
+            # The first call continues nothing (the chat API serves it either way); the second
+            # finds render refused (a 403 the fake answers before it logs a request) and is
+            # passed through, as every later call.
+            assert [r["path"] for r in plain.requests] == ["/v1/chat/completions"] * 3
+            assert gw.process.log_path is not None
+            assert "token_path_off" in gw.process.log_path.read_text()
             events = rollout.events()
-            assert [e["segment"]["token_exact"] for e in events] == [False, False]
+            assert [e["segment"]["token_exact"] for e in events] == [True, False, False]
             assert events[0]["response"]["prompt_token_ids"] == chat_prompt_ids(
                 [{"role": "user", "content": "hi"}]
             )
@@ -291,9 +356,11 @@ def test_a_token_path_stream_reaches_the_agent_while_the_model_generates(
     chunks carry the token ids; the recorded call is the one a call that is not streamed records."""
     words = "one two three four five"
     scale_out_fake.state.reset()
-    scale_out_fake.script(Reply(content=words, gate="held", gate_after_chunks=2), Reply(content=words))
+    scale_out_fake.script(
+        OPENING, Reply(content=words, gate="held", gate_after_chunks=2), OPENING, Reply(content=words)
+    )
     rollout = Rollout(gateways["exact"])
-    hi: list[ChatCompletionMessageParam] = [{"role": "user", "content": "count"}]
+    hi = cast(list[ChatCompletionMessageParam], [*opening(rollout), {"role": "user", "content": "count"}])
     agent = rollout.openai.with_options(timeout=60)  # no first chunk before the gate opens: a failure
     stream = agent.chat.completions.create(
         model="m", messages=hi, stream=True, stream_options={"include_usage": True}, logprobs=True
@@ -314,11 +381,13 @@ def test_a_token_path_stream_reaches_the_agent_while_the_model_generates(
         for t in (c.choices[0].model_extra or {}).get("token_ids") or []
     ]
     assert rest[-1].usage is not None and rest[-1].usage.completion_tokens == len(ids)
-    assert (first.model_extra or {})["prompt_token_ids"] == chat_prompt_ids(hi)
 
     other = Rollout(gateways["exact"])
+    opening(other)
     other.openai.chat.completions.create(model="m", messages=hi, logprobs=True)
-    (streamed,), (whole,) = rollout.events(), other.events()
+    (_, streamed), (_, whole) = rollout.events(), other.events()
+    assert (first.model_extra or {})["prompt_token_ids"] == whole["response"]["prompt_token_ids"]
+    assert streamed["segment"] == {"continues": True, "token_exact": True}
     assert streamed["status"] == "ok" and streamed["stream"] is True and not streamed["incomplete"]
     assert (
         streamed["response"]["choices"][0]["token_ids"] == ids == whole["response"]["choices"][0]["token_ids"]
@@ -333,11 +402,13 @@ def test_a_streamed_tool_call_reaches_the_agent_as_the_non_streamed_one(
     gateways: dict[str, RunningGateway], scale_out_fake: FakeModelServer
 ) -> None:
     scale_out_fake.state.reset()
-    scale_out_fake.script(*[Reply(content="", tool_calls=[ToolCall("calc", WRITTEN)])] * 2)
+    scale_out_fake.script(*[OPENING, Reply(content="", tool_calls=[ToolCall("calc", WRITTEN)])] * 2)
     answers = []
     for stream in (True, False):
         rollout = Rollout(gateways["exact"])
-        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": QUESTION}]
+        messages = cast(
+            list[ChatCompletionMessageParam], [*opening(rollout), {"role": "user", "content": QUESTION}]
+        )
         if stream:
             chunks = list(
                 rollout.openai.chat.completions.create(
@@ -352,28 +423,31 @@ def test_a_streamed_tool_call_reaches_the_agent_as_the_non_streamed_one(
             assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
         else:
             rollout.openai.chat.completions.create(model="m", messages=messages, tools=CHAT_TOOLS)
-        (event,) = rollout.events()
+        _, event = rollout.events()
+        assert event["segment"] == {"continues": True, "token_exact": True}
         answers.append(event["response"]["choices"][0])
     streamed, whole = answers
     assert streamed["message"]["tool_calls"][0]["function"] == whole["message"]["tool_calls"][0]["function"]
     assert (streamed["token_ids"], streamed["finish_reason"]) == (whole["token_ids"], whole["finish_reason"])
 
 
-def first_text_and_the_rest(rollout: Rollout, api: str, question: str) -> tuple[str, Any]:
-    """Open a stream in `api` (the official SDK, raw events) with the user's `question`; the text
-    of the first event that carries some, and an iterator over the events after it."""
+def first_text_and_the_rest(
+    rollout: Rollout, api: str, history: list[dict[str, Any]], question: str
+) -> tuple[str, Any]:
+    """Open a stream in `api` (the official SDK, raw events) with `history` and the user's
+    `question`; the text of the first event that carries some, and an iterator over the events
+    after it."""
+    messages: Any = [*history, {"role": "user", "content": question}]
     if api == "anthropic.messages":
         events: Any = iter(
             rollout.anthropic.with_options(timeout=60).messages.create(
-                model="m", max_tokens=50, messages=[{"role": "user", "content": question}], stream=True
+                model="m", max_tokens=50, messages=messages, stream=True
             )
         )
         kind, field = "content_block_delta", "text"
     else:
         events = iter(
-            rollout.openai.with_options(timeout=60).responses.create(
-                model="m", input=[{"role": "user", "content": question}], stream=True
-            )
+            rollout.openai.with_options(timeout=60).responses.create(model="m", input=messages, stream=True)
         )
         kind, field = "response.output_text.delta", "delta"
     for event in events:
@@ -394,9 +468,12 @@ def test_a_responses_or_messages_stream_streams_as_the_model_generates(
     the agent was sent."""
     words = "one two three four five"
     scale_out_fake.state.reset()
-    scale_out_fake.script(Reply(content=words, gate="held", gate_after_chunks=2), Reply(content=words))
+    scale_out_fake.script(
+        OPENING, Reply(content=words, gate="held", gate_after_chunks=2), OPENING, Reply(content=words)
+    )
     rollout = Rollout(gateways[path])
-    first, rest = first_text_and_the_rest(rollout, api, "count")
+    history = opening(rollout)  # the streamed call goes on from it: the token path's steps serve it
+    first, rest = first_text_and_the_rest(rollout, api, history, "count")
     assert first in ("one", "one two")  # while generate is held after two tokens: not finished
     scale_out_fake.open_gate("held")
     events = list(rest)
@@ -411,13 +488,13 @@ def test_a_responses_or_messages_stream_streams_as_the_model_generates(
     assert text == words
 
     other = Rollout(gateways[path])
+    again: Any = [*opening(other), {"role": "user", "content": "count"}]
     if api == "anthropic.messages":
-        other.anthropic.messages.create(
-            model="m", max_tokens=50, messages=[{"role": "user", "content": "count"}]
-        )
+        other.anthropic.messages.create(model="m", max_tokens=50, messages=again)
     else:
-        other.openai.responses.create(model="m", input=[{"role": "user", "content": "count"}])
-    (streamed,), (whole,) = rollout.events(), other.events()
+        other.openai.responses.create(model="m", input=again)
+    (_, streamed), (_, whole) = rollout.events(), other.events()
+    assert streamed["segment"]["token_exact"] is (path == "exact")
     assert streamed["status"] == "ok" and streamed["stream"] is True and not streamed["incomplete"]
     for key in ("token_ids", "message", "logprobs", "finish_reason"):
         assert streamed["response"]["choices"][0][key] == whole["response"]["choices"][0][key]
@@ -429,15 +506,20 @@ def test_a_responses_or_messages_stream_streams_as_the_model_generates(
         assert [i["id"] for i in streamed["api_response"]["output"]] == [i.id for i in final.output]
 
 
+@pytest.mark.parametrize("goes_on", [False, True], ids=["chat-api", "token-steps"])
 @pytest.mark.parametrize("api", ["responses", "anthropic.messages"])
 def test_a_streamed_tool_call_in_responses_or_messages_comes_in_pieces_with_the_recorded_id(
-    gateways: dict[str, RunningGateway], scale_out_fake: FakeModelServer, api: str
+    gateways: dict[str, RunningGateway], scale_out_fake: FakeModelServer, api: str, goes_on: bool
 ) -> None:
+    """On the token path, an attempt's first call (the server's chat stream, re-spoken) and a
+    call that goes on from it (generate and the streamed derender)."""
     scale_out_fake.state.reset()
-    scale_out_fake.script(Reply(content="", tool_calls=[ToolCall("calc", WRITTEN)]))
+    tool_reply = Reply(content="", tool_calls=[ToolCall("calc", WRITTEN)])
+    scale_out_fake.script(*([OPENING, tool_reply] if goes_on else [tool_reply]))
     rollout = Rollout(gateways["exact"])
+    history: Any = opening(rollout) if goes_on else []
     if api == "anthropic.messages":
-        question: list[MessageParam] = [{"role": "user", "content": QUESTION}]
+        question: list[MessageParam] = [*history, {"role": "user", "content": QUESTION}]
         with rollout.anthropic.messages.stream(
             model="m", max_tokens=50, messages=question, tools=ANTHROPIC_TOOLS
         ) as s:
@@ -447,7 +529,7 @@ def test_a_streamed_tool_call_in_responses_or_messages_comes_in_pieces_with_the_
         called = (use.id, use.name, use.input)
         assert message.stop_reason == "tool_use"
     else:
-        items: ResponseInputParam = [{"role": "user", "content": QUESTION}]
+        items: ResponseInputParam = [*history, {"role": "user", "content": QUESTION}]
         with rollout.openai.responses.stream(model="m", input=items, tools=RESPONSES_TOOLS) as r:
             pieces = sum(e.type == "response.function_call_arguments.delta" for e in r)
             response = r.get_final_response()
@@ -455,7 +537,8 @@ def test_a_streamed_tool_call_in_responses_or_messages_comes_in_pieces_with_the_
         called = (call.call_id, call.name, json.loads(call.arguments))
     assert pieces >= 2  # the arguments come in pieces, as the model writes them
     assert called[1:] == ("calc", json.loads(WRITTEN))
-    (event,) = rollout.events()
+    event = rollout.events()[-1]
+    assert event["segment"]["continues"] is goes_on and event["segment"]["token_exact"] is True
     recorded = event["api_response"]
     if api == "anthropic.messages":
         (block,) = [b for b in recorded["content"] if b["type"] == "tool_use"]
@@ -483,18 +566,20 @@ def test_an_agent_leaving_a_token_path_stream_closes_generate_and_leaves_an_inco
     gateways: dict[str, RunningGateway], scale_out_fake: FakeModelServer
 ) -> None:
     scale_out_fake.state.reset()
-    scale_out_fake.script(Reply(content="one two three four five", gate="left", gate_after_chunks=2))
+    scale_out_fake.script(OPENING, Reply(content="one two three four five", gate="left", gate_after_chunks=2))
     rollout = Rollout(gateways["exact"])
     url = (
         f"{gateways['exact'].url}/proxy/rollout/{rollout.id}/attempt/a1/mode/train/openai/v1/chat/completions"
     )
-    body = {"model": "m", "messages": [{"role": "user", "content": "count"}], "stream": True}
+    messages = [*opening(rollout), {"role": "user", "content": "count"}]
+    body = {"model": "m", "messages": messages, "stream": True}
     with httpx.stream("POST", url, json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as r:
         for line in r.iter_lines():
             if line:
                 break  # the agent goes away after its first chunk, while generate is held
-    assert wait_for(lambda: len(rollout.events()) == 1)
-    (event,) = rollout.events()
+    assert wait_for(lambda: len(rollout.events()) == 2)
+    _, event = rollout.events()
+    assert event["segment"] == {"continues": True, "token_exact": True}  # generate was streaming it
     assert (event["incomplete"], event["status"], event["stream"]) == (True, "error", True)
     assert "disconnected" in event["error"]
     assert event["response"]["choices"][0]["token_ids"] == encode("one two")  # what came before the hold
@@ -521,27 +606,27 @@ def test_a_token_path_stream_from_a_generate_that_does_not_stream(
             with GatewayClient(gw.url, KEY) as c:
                 c.register_models([Model(model="policy", endpoint=upstream.base_url, version=1)])
             rollout = Rollout(gw)
-            state.script(Reply(content="all at once"))
-            chunks = list(
-                rollout.openai.chat.completions.create(
-                    model="m", messages=[{"role": "user", "content": "hi"}], stream=True
-                )
-            )
+            state.script(OPENING, Reply(content="all at once"))
+            messages: Any = [*opening(rollout), {"role": "user", "content": "and now?"}]
+            chunks = list(rollout.openai.chat.completions.create(model="m", messages=messages, stream=True))
             assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "all at once"
-            assert [r["path"] for r in state.requests][1:] == [
+            assert [r["path"] for r in state.requests] == [
+                "/v1/chat/completions",  # the opening
+                "/v1/chat/completions/render",
                 "/inference/v1/generate",
                 "/v1/chat/completions/derender",
             ]
-            (event,) = rollout.events()
-            assert event["status"] == "ok" and event["segment"]["token_exact"] is True
+            _, event = rollout.events()
+            assert event["status"] == "ok" and event["segment"] == {"continues": True, "token_exact": True}
         finally:
             gw.process.stop()
 
 
-def catch_all_server(paths: list[str]) -> OpenAIServer:
+def catch_all_server(paths: list[str], token_ids: bool = False) -> OpenAIServer:
     """A simple fake OpenAI server, as a new user writes one: every POST, whatever its path, answers
-    200 with the same chat completion (its paths are appended to `paths`)."""
-    completion = {
+    200 with the same chat completion (its paths are appended to `paths`); with `token_ids`, one
+    that also returns the prompt's and the answer's token ids, as vLLM's chat API does."""
+    completion: dict[str, Any] = {
         "id": "chatcmpl-1",
         "object": "chat.completion",
         "created": 1,
@@ -551,6 +636,9 @@ def catch_all_server(paths: list[str]) -> OpenAIServer:
         ],
         "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
     }
+    if token_ids:
+        completion["prompt_token_ids"] = [11, 12, 13]
+        completion["choices"][0]["token_ids"] = [14, END]
 
     async def answer(request: web.Request) -> web.Response:
         paths.append(request.path)
@@ -561,32 +649,36 @@ def catch_all_server(paths: list[str]) -> OpenAIServer:
     return OpenAIServer(app)
 
 
+@pytest.mark.parametrize("token_ids", [False, True], ids=["plain", "with-token-ids"])
 def test_an_upstream_that_answers_any_path_is_passed_through(
-    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path_factory: pytest.TempPathFactory, token_ids: bool
 ) -> None:
     """A 200 on the render path is not vLLM's render unless its body is: such an upstream is
-    served by pass-through (the Gateway says so once, in a warning), every API's call succeeds
-    and is recorded."""
+    served by pass-through (the Gateway says so once, in a warning, when a call that goes on from
+    an earlier one tried the token path), every API's call succeeds and is recorded. Without
+    token ids there is no turn to go on from: render is never asked."""
     paths: list[str] = []
-    with catch_all_server(paths) as upstream:
+    with catch_all_server(paths, token_ids) as upstream:
         gw = start_gateway(tmp_path_factory.mktemp("catch-all"), KEY)
         try:
             with GatewayClient(gw.url, KEY) as c:
                 c.register_models([Model(model="policy", endpoint=upstream.base_url, version=1)])
             rollout = Rollout(gw)
+            messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
             for _ in range(2):
-                answer = rollout.openai.chat.completions.create(
-                    model="m", messages=[{"role": "user", "content": "hi"}]
-                )
+                answer = rollout.openai.chat.completions.create(model="m", messages=messages)
                 assert answer.choices[0].message.content == "hello"
+                messages += [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "again"}]
             assert rollout.openai.responses.create(model="m", input="hi").output_text == "hello"
             message = rollout.anthropic.messages.create(
                 model="m", max_tokens=16, messages=[{"role": "user", "content": "hi"}]
             )
             block = message.content[0]
             assert block.type == "text" and block.text == "hello"
-            # render tried once, found not to be vLLM's; then every call passed through
-            assert paths == ["/v1/chat/completions/render"] + ["/v1/chat/completions"] * 4
+            # render tried once, by the call that goes on from the first, found not to be vLLM's;
+            # then every call passed through
+            tried = ["/v1/chat/completions/render"] if token_ids else []
+            assert paths == ["/v1/chat/completions", *tried] + ["/v1/chat/completions"] * 3
             events = rollout.events()
             assert [(e["status"], e["http_status"]) for e in events] == [("ok", 200)] * 4
             assert [e["api"] for e in events] == [
@@ -599,8 +691,9 @@ def test_an_upstream_that_answers_any_path_is_passed_through(
             warnings = [
                 line for line in gw.process.log_path.read_text().splitlines() if "token_path_off" in line
             ]
-            assert len(warnings) == 1
-            assert upstream.base_url in warnings[0] and "not vLLM's answer: no 'token_ids'" in warnings[0]
+            assert len(warnings) == int(token_ids)
+            if token_ids:
+                assert upstream.base_url in warnings[0] and "not vLLM's answer: no 'token_ids'" in warnings[0]
         finally:
             gw.process.stop()
 
@@ -646,14 +739,14 @@ def test_a_malformed_token_step_is_a_502_naming_it(
             with GatewayClient(gw.url, KEY) as c:
                 c.register_models([Model(model="policy", endpoint=upstream.base_url, version=1)])
             rollout = Rollout(gw)
+            state.script(OPENING)
+            messages: Any = [*opening(rollout), {"role": "user", "content": "and?"}]
             with pytest.raises(openai.APIStatusError) as raised:
-                rollout.openai.chat.completions.create(
-                    model="m", messages=[{"role": "user", "content": "hi"}]
-                )
+                rollout.openai.chat.completions.create(model="m", messages=messages)
             assert raised.value.status_code == 502
             message = raised.value.message
             assert path in message and problem in message and "garbage" in message
-            (event,) = rollout.events()
+            _, event = rollout.events()
             assert event["status"] == "error" and event["http_status"] == 502
             assert path in event["error"] and problem in event["error"]
         finally:
@@ -664,7 +757,8 @@ def test_a_malformed_token_step_is_a_502_naming_it(
 def test_an_upstream_missing_a_token_step_is_passed_through(
     tmp_path_factory: pytest.TempPathFactory, step: str
 ) -> None:
-    """Render served but generate or derender not (404): the call and the next are passed through."""
+    """Render served but generate or derender not (404): the call that found it and the next are
+    passed through (the first, continuing nothing, went to the chat API in any case)."""
     state = FakeState()
     state.scale_out = True
     with OpenAIServer(build_app(state, BrokenStep(state, step, "missing"))) as upstream:
@@ -673,14 +767,20 @@ def test_an_upstream_missing_a_token_step_is_passed_through(
             with GatewayClient(gw.url, KEY) as c:
                 c.register_models([Model(model="policy", endpoint=upstream.base_url, version=1)])
             rollout = Rollout(gw)
+            state.script(OPENING, Reply(content="one"), Reply(content="two"))
+            messages: Any = opening(rollout)
             for _ in range(2):
-                rollout.openai.chat.completions.create(
-                    model="m", messages=[{"role": "user", "content": "hi"}]
-                )
+                messages += [{"role": "user", "content": "go on"}]
+                said = rollout.openai.chat.completions.create(model="m", messages=messages).choices[0]
+                messages += [{"role": "assistant", "content": said.message.content}]
             chats = [r["path"] for r in state.requests if r["path"] == "/v1/chat/completions"]
-            assert len(chats) == 2 and sum(r["path"].endswith("/render") for r in state.requests) == 1
+            assert len(chats) == 3 and sum(r["path"].endswith("/render") for r in state.requests) == 1
             events = rollout.events()
-            assert [(e["status"], e["segment"]["token_exact"]) for e in events] == [("ok", False)] * 2
+            assert [(e["status"], e["segment"]["token_exact"]) for e in events] == [
+                ("ok", True),
+                ("ok", False),
+                ("ok", False),
+            ]
         finally:
             gw.process.stop()
 

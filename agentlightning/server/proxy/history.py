@@ -167,16 +167,30 @@ def continuation(turns: list[Turn], messages: list[tuple[Any, ...]], rendered: l
     return None if found is None else found[0]
 
 
+def _repeats(turn: Turn, messages: list[tuple[Any, ...]]) -> bool:
+    """Whether the messages go on from the turn's request and its finished answer (by meaning):
+    the first condition for continuing its tokens."""
+    n = len(turn.messages)
+    if not turn.finished or not turn.response or turn.rendered is None or len(messages) <= n:
+        return False
+    return messages[:n] == turn.messages and messages[n] == turn.answer
+
+
+def continuable(turns: list[Turn], messages: list[tuple[Any, ...]]) -> bool:
+    """Whether any turn's tokens may be continued by this request. When none is, the prompt is
+    the server's own rendering of the request (`prompt_and_segment`), and vLLM's chat API with
+    `return_token_ids` serves the call token-exact in one request (dispatch.py)."""
+    return any(_repeats(turn, messages) for turn in turns)
+
+
 def _continued(
     turns: list[Turn], messages: list[tuple[Any, ...]], rendered: list[int]
 ) -> tuple[list[int], Turn] | None:
     """`continuation`'s prompt and the turn it continues."""
     for turn in reversed(turns):
-        n = len(turn.messages)
-        if not turn.finished or not turn.response or turn.rendered is None or len(messages) <= n:
+        if not _repeats(turn, messages):
             continue
-        if messages[:n] != turn.messages or messages[n] != turn.answer:
-            continue
+        assert turn.rendered is not None  # _repeats checked it
         if rendered[: len(turn.rendered)] != turn.rendered:
             continue
         # The answer ends on the stop token the template also closes the turn with: what the

@@ -11,11 +11,14 @@ With an upstream that serves vLLM's scale-out endpoints (`vllm serve --enable-sc
    (`/v1/chat/completions/derender`: content, reasoning, tool calls).
 
 A streamed chat call generates streamed and derenders each event as it comes (token_stream.py).
+A call that continues no earlier call of its attempt would be generated on the server's own
+rendering (step 2 changes nothing): it goes to the chat API instead, one request (dispatch.py),
+and is noted in the history as the token path notes its calls (`observe`).
 
-Whether an upstream serves these is found out on its first call and remembered per endpoint;
-one that does not (403 without the flag, 404 elsewhere: our torch engine, other servers; or a
-200 whose body is not vLLM's render answer: a catch-all server, a proxy in front of vLLM) is
-served by plain pass-through, said once in a warning, as is everything with
+Whether an upstream serves these is found out on its first call that continues an earlier one
+and remembered per endpoint; one that does not (403 without the flag, 404 elsewhere: our torch
+engine, other servers; or a 200 whose body is not vLLM's render answer: a catch-all server, a
+proxy in front of vLLM) is served by plain pass-through, said once in a warning, as is everything with
 `default_proxy.token_exact: false`. A malformed answer of a later step is the call's 502,
 naming the step and what was wrong.
 """
@@ -118,8 +121,9 @@ class TokenExact:
         call: CallTriplet[list[int]],
         chat: dict[str, Any],
         messages: list[tuple[Any, ...]],
+        token_exact: bool,
     ) -> None:
-        observe_pass_through(self.history, record, call, chat, messages)
+        observe_chat_call(self.history, record, call, chat, messages, token_exact)
 
     async def recall(
         self,
@@ -529,16 +533,19 @@ def turn_of(data: dict[str, Any]) -> tuple[Turn, dict[str, Any]] | None:
     return turn, render_request(chat, data.get("params") or {})
 
 
-def observe_pass_through(
+def observe_chat_call(
     history: AttemptHistory,
     record: CallRecord,
     call: CallTriplet[list[int]],
     chat: dict[str, Any],
     messages: list[tuple[Any, ...]],
+    token_exact: bool,
 ) -> None:
-    """Note a pass-through call's segment: whether the prompt the server rendered continues the
-    attempt's previous call token for token, and if not, why and where (`segment.break`).
-    `call` is the record's `model_request_triplet`."""
+    """Note a call served by the server's chat API: its segment (whether the prompt the server
+    rendered continues the attempt's previous call token for token, and if not, why and where:
+    `segment.break`) and its turn. `token_exact`: the call's prompt is the one the token path
+    would have made (no earlier turn it could continue: `history.continuable`), else it is a
+    pass-through call. `call` is the record's `model_request_triplet`."""
     d = record.data
     response = d.get("response")
     if d.get("status") != "ok" or not isinstance(response, dict):
@@ -550,11 +557,11 @@ def observe_pass_through(
     turns = history.turns(record.rollout_id, record.attempt_id)
     broken = classify(turns, messages, tools, prompt)
     if not turns:
-        d["segment"] = {"continues": False, "token_exact": False, "first": True}
+        d["segment"] = {"continues": False, "token_exact": token_exact, "first": True}
     elif broken is not None:
-        d["segment"] = {"continues": False, "token_exact": False, "break": broken}
+        d["segment"] = {"continues": False, "token_exact": token_exact, "break": broken}
     else:
-        d["segment"] = {"continues": True, "token_exact": False}
+        d["segment"] = {"continues": True, "token_exact": token_exact}
     choices = response.get("choices") or [{}]
     choice = choices[0] if isinstance(choices[0], dict) else {}
     history.add(
