@@ -5,9 +5,9 @@ engine generates it, token_stream.py), or the rollout's inference server's own A
 with retries; a stream passed on as it comes, answers.py). The token path serves the calls that
 continue an earlier turn of the attempt; a call that continues none (an attempt's first call, a
 single-turn agent's every call) has the server's own rendering as its prompt, which vLLM's chat
-API with `return_token_ids` serves in one request where the token path makes three. A stream is its own answer and
-records the call itself; anything else comes back as what the server answered, for the answer
-stage (answers.py).
+API with `return_token_ids` serves in one request where the token path makes three. A stream
+is its own answer and records the call itself; anything else comes back as what the server
+answered, for the answer stage (answers.py).
 """
 
 from __future__ import annotations
