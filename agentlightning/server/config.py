@@ -49,6 +49,8 @@ class ProxyConfig:
     max_connections: int = 0
     keepalive_seconds: float = 60.0
     upstream_key: str = ""
+    # A token-path stream's new tokens are derendered and sent at most this often (the first at once).
+    token_stream_interval_ms: float = 50.0
     # Chaos testing only: this share of model calls fail as if the model server answered 503 to every
     # try (proxy/faults.py); the same request sent again fails again.
     fault_rate: float = 0.0
@@ -74,6 +76,11 @@ class ProxyConfig:
             )
         if self.keepalive_seconds < 0:
             raise ConfigError(f"proxy.keepalive_seconds must be >= 0, got {self.keepalive_seconds}")
+        if self.token_stream_interval_ms < 0:
+            raise ConfigError(
+                f"proxy.token_stream_interval_ms must be >= 0 (0: each read of the engine's stream), "
+                f"got {self.token_stream_interval_ms}"
+            )
         if not 0 <= self.fault_rate <= 1:
             raise ConfigError(f"proxy.fault_rate must be in [0, 1] (a share of calls), got {self.fault_rate}")
         unknown = sorted(set(self.fault_modes) - {"train", "val"})

@@ -26,6 +26,7 @@ def test_defaults_come_from_server_yaml() -> None:
         ("proxy.read_timeout_seconds=0", "proxy.read_timeout_seconds"),
         ("proxy.jitter=1.5", "proxy.jitter"),
         ("proxy.max_connections=-1", "proxy.max_connections"),
+        ("proxy.token_stream_interval_ms=-5", "proxy.token_stream_interval_ms"),
     ],
 )
 def test_bad_values_fail_naming_the_key(override: str, named: str) -> None:

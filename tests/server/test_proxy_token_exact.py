@@ -548,6 +548,44 @@ def test_a_streamed_tool_call_in_responses_or_messages_comes_in_pieces_with_the_
         assert (item["call_id"], item["name"], json.loads(item["arguments"])) == called
 
 
+def test_a_token_path_stream_sends_the_first_tokens_at_once_and_the_rest_each_interval(
+    tmp_path_factory: pytest.TempPathFactory, scale_out_fake: FakeModelServer
+) -> None:
+    """`proxy.token_stream_interval_ms`: the first events go to derender and the agent at once,
+    later ones wait until the interval since the last chunk is up (here, longer than the whole
+    answer: until generation finishes), one derender request for them all."""
+    words = " ".join(f"w{i}" for i in range(20))
+    gw = start_gateway(tmp_path_factory.mktemp("interval"), KEY, "proxy.token_stream_interval_ms=600000")
+    try:
+        with GatewayClient(gw.url, KEY) as c:
+            c.register_models([Model(model="policy", endpoint=scale_out_fake.base_url, version=1)])
+        scale_out_fake.state.reset()
+        scale_out_fake.script(OPENING, Reply(content=words, gate="later", gate_after_chunks=2))
+        rollout = Rollout(gw)
+        messages: Any = [*opening(rollout), {"role": "user", "content": "count"}]
+        chunks = iter(
+            rollout.openai.with_options(timeout=60).chat.completions.create(
+                model="m", messages=messages, stream=True
+            )
+        )
+        first = next(chunks)  # while generate is held after two tokens
+        assert first.choices[0].delta.content in ("w0", "w0 w1")
+        scale_out_fake.open_gate("later")
+        rest = [c for c in chunks if c.choices]
+        text = "".join(c.choices[0].delta.content or "" for c in [first, *rest])
+        assert text == words
+        derenders = [r["body"] for r in scale_out_fake.requests if r["path"].endswith("/derender")]
+        streamed = [b for b in derenders if b.get("stream")]
+        # the first read (one or both tokens before the hold), then the rest at the finish; and
+        # the whole answer once more, for the record
+        assert len(streamed) == 2 and len(derenders) == 3
+        assert len(streamed[-1]["generate_chunk"]["choices"][0]["token_ids"]) >= 18
+        _, event = rollout.events()
+        assert event["response"]["choices"][0]["message"]["content"] == words
+    finally:
+        gw.process.stop()
+
+
 def test_generate_events_that_arrive_together_go_to_derender_as_one() -> None:
     def event(ids: list[int], finish: str | None = None) -> dict[str, Any]:
         content = [{"token_id": t, "logprob": -0.5} for t in ids]

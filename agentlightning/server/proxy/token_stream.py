@@ -1,8 +1,9 @@
 """A token-path chat call streamed to the agent while the engine generates it.
 
 Generate (`/inference/v1/generate` with `stream: true`) sends the new token ids in an event per
-engine step; each event goes through vLLM's streamed derender (one request an event, carrying
-the state the previous one handed back) and on to the agent as a chat chunk with its
+engine step; the events go through vLLM's streamed derender (carrying the state the previous
+request handed back: the first event at once, then the events of each `proxy.token_stream_interval_ms`
+together, one request for them) and on to the agent as a chat chunk with its
 `token_ids` (the first also with `prompt_token_ids`), as vLLM's own chat stream does with
 `return_token_ids`, or re-spoken in the agent's API (Responses, Messages: translate.ApiStream).
 When generation ends, the whole generation is derendered once, as for a call that is not
@@ -12,6 +13,8 @@ last event goes out.
 
 from __future__ import annotations
 
+import asyncio
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -102,16 +105,21 @@ class TokenStreamAnswer(UpstreamStream):
         error: str | None = None
         splitter = EventSplitter()
 
+        def received(event: dict[str, Any]) -> None:
+            """One generate event into the record: what was generated, sent to the agent or not."""
+            nonlocal finish, stop_reason
+            choice = event["choices"][0]
+            ids.extend(choice.get("token_ids") or [])
+            logprobs.extend((choice.get("logprobs") or {}).get("content") or [])
+            if choice.get("finish_reason") is not None:
+                finish, stop_reason = choice["finish_reason"], choice.get("stop_reason")
+
         async def forward(event: dict[str, Any]) -> str | None:
-            """One generate event to the agent; what failed, if anything."""
-            nonlocal finish, stop_reason, state, first
+            """Generate's events (merged) to the agent; what failed, if anything."""
+            nonlocal state, first
             choice = event["choices"][0]
             new = choice.get("token_ids") or []
             content = (choice.get("logprobs") or {}).get("content") or []
-            ids.extend(new)
-            logprobs.extend(content)
-            if choice.get("finish_reason") is not None:
-                finish, stop_reason = choice["finish_reason"], choice.get("stop_reason")
             derendered = await self.tokens.derender_event(self.model, prepared, event, state)
             if isinstance(derendered, str):
                 return derendered
@@ -133,32 +141,61 @@ class TokenStreamAnswer(UpstreamStream):
                 self.upstream.close()
             return None
 
+        # Generate's events are held until `interval` has passed since the last chunk went out (the
+        # first goes at once, the last when generation finishes): one derender request for them all.
+        interval = self.tokens.upstream.config.token_stream_interval_ms / 1000
+        loop = asyncio.get_running_loop()
+        held: list[dict[str, Any]] = []
+        sent_at = -math.inf
+        read: asyncio.Future[bytes] | None = None
         try:
-            async for data in self.upstream.content.iter_any():
-                events: list[dict[str, Any]] = []
-                for raw in splitter.feed(data):
-                    payload = event_data(raw)
-                    if payload is None or payload.strip() == DONE:
-                        continue
-                    try:
-                        event = orjson.loads(payload)
-                    except orjson.JSONDecodeError:
-                        event = None
-                    problem = generate_event_problem(event)
-                    if problem is not None:
-                        error = (
-                            f"{self.model.endpoint} sent an event on the token path's {GENERATE} "
-                            f"stream that is not vLLM's: {problem} (it began: {payload[:200].decode(errors='replace')})"
-                        )
+            while True:
+                if read is None:
+                    read = asyncio.ensure_future(self.upstream.content.readany())
+                # While events are held, wait for more only until their time is up.
+                await asyncio.wait(
+                    (read,), timeout=max(0.0, sent_at + interval - loop.time()) if held else None
+                )
+                if read.done():
+                    data = read.result()  # raises what the read raised
+                    read = None
+                    if not data:  # the end of generate's stream
                         break
-                    events.append(event)
-                if error is None and events:
-                    error = await forward(merged(events))
+                    for raw in splitter.feed(data):
+                        payload = event_data(raw)
+                        if payload is None or payload.strip() == DONE:
+                            continue
+                        try:
+                            event = orjson.loads(payload)
+                        except orjson.JSONDecodeError:
+                            event = None
+                        problem = generate_event_problem(event)
+                        if problem is not None:
+                            error = (
+                                f"{self.model.endpoint} sent an event on the token path's {GENERATE} "
+                                f"stream that is not vLLM's: {problem} (it began: {payload[:200].decode(errors='replace')})"
+                            )
+                            break
+                        received(event)
+                        held.append(event)
+                    if error is not None:
+                        break
+                    ended = bool(held) and held[-1]["choices"][0].get("finish_reason") is not None
+                    if not held or (not ended and loop.time() < sent_at + interval):
+                        continue
+                if held:
+                    error = await forward(merged(held))
+                    held, sent_at = [], loop.time()
                 if error is not None or self.agent_gone:
                     break
+            if error is None and held and not self.agent_gone:  # ended without a finish reason
+                error = await forward(merged(held))
         except (aiohttp.ClientError, TimeoutError) as exc:
             if not self.agent_gone:
                 error = f"the inference server's {GENERATE} stream broke: {type(exc).__name__}: {exc}"
+        finally:
+            if read is not None:
+                read.cancel()
         if self.agent_gone:
             error = "the agent disconnected mid-stream"
         elif error is None and finish is None:
