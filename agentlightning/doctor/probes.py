@@ -94,6 +94,18 @@ class ServerProbe:
         except httpx.HTTPError as exc:
             raise ServerUnreachable(f"POST {self.base_url}/{route}: {type(exc).__name__}: {exc}") from None
 
+    def serves_token_endpoints(self) -> bool:
+        """Whether the server renders a chat request as vLLM's scale-out endpoints do (`vllm serve
+        --enable-scale-out`): the Gateway serves calls that go on from an earlier turn on them."""
+        body = {"model": self.model, "messages": [{"role": "user", "content": "hi"}]}
+        try:
+            answer = self._post("chat/completions/render", body)
+            rendered = answer.json() if answer.status_code == 200 else None
+        except (ServerUnreachable, ValueError):
+            return False
+        ids = rendered.get("token_ids") if isinstance(rendered, dict) else None
+        return isinstance(ids, list) and bool(ids)
+
     def render(self, rollout_id: str, n: int, call: dict[str, Any]) -> Probe:
         ids, body = recorded_ids(call), chat_body(call, self.model)
         if ids is None or body is None:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -306,7 +306,8 @@ def run_doctor(settings: DoctorSettings, say: Any = print) -> HarnessReport:
             "the model server does not serve vLLM's token endpoints (render / generate / derender): "
             "the Gateway passes calls through, so training sees the server's re-render of each prompt"
         )
-        token_endpoints = _serves_token_endpoints(upstream, model, settings.api_key)
+        probe = stack.enter_context(closing(ServerProbe(upstream, model, settings.api_key)))
+        token_endpoints = probe.serves_token_endpoints()
         for path in settings.paths:
             exact = path == TOKEN_PATH
             if exact and not token_endpoints:  # the token path would pass every call through
@@ -328,13 +329,10 @@ def run_doctor(settings: DoctorSettings, say: Any = print) -> HarnessReport:
                 break
         reports = [analyze(path, rollouts) for path, rollouts in recorded.items()]
         main = TOKEN_PATH if TOKEN_PATH in recorded else PASS_THROUGH
-        probe = ServerProbe(upstream, model, settings.api_key)
         try:
             probes = _probes(probe, recorded[main], settings.sample_calls)
         except ServerUnreachable as exc:
             raise DoctorError(f"the model server stopped answering: {exc}") from None
-        finally:
-            probe.close()
     report = HarnessReport(settings.name or settings.agent.label, server_label, reports, probes, notes=notes)
     return judge(report)
 
@@ -342,25 +340,6 @@ def run_doctor(settings: DoctorSettings, say: Any = print) -> HarnessReport:
 def _answered_tool_calls(call: dict[str, Any]) -> bool:
     choices = (call.get("response") or {}).get("choices") or [{}]
     return bool((choices[0].get("message") or {}).get("tool_calls"))
-
-
-def _serves_token_endpoints(base_url: str, model: str, api_key: str) -> bool:
-    """Whether the server renders a chat request as vLLM's scale-out endpoints do (`vllm serve
-    --enable-scale-out`): the Gateway serves calls that go on from an earlier turn on them."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
-    try:
-        answer = httpx.post(
-            f"{base_url}/chat/completions/render", json=body, headers=headers, timeout=60, trust_env=False
-        )
-        rendered = answer.json() if answer.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return False
-    return (
-        isinstance(rendered, dict)
-        and isinstance(rendered.get("token_ids"), list)
-        and bool(rendered["token_ids"])
-    )
 
 
 def _passed_through(rollouts: Sequence[RecordedRollout]) -> bool:

@@ -55,20 +55,18 @@ async def dispatch(
         and runtime.tokens.serves(model.endpoint) is not False
     )
     messages = messages_of(upstream_body) if api != "completions" else []
-    token_path = False
+    turns = []
     if api != "completions":  # the attempt's earlier calls: what this call may continue
         turns = await runtime.tokens.recall(
             state.store, rollout_id, attempt_id, messages, model if exact_ids else None
         )
-        # Continuing no earlier turn, the prompt is the server's own rendering: its chat API
-        # with `return_token_ids` serves the call token-exact in one request, not three.
-        token_path = exact_ids and continuable(turns, messages)
-    if token_path:
+    # Continuing no earlier turn, the prompt is the server's own rendering: its chat API with
+    # `return_token_ids` serves the call token-exact in one request, not three.
+    if exact_ids and continuable(turns, messages):
         assert model is not None
+        asked = (model, upstream_body, params, rollout_id, attempt_id, messages, turns)
         if request.stream:  # streamed as the engine generates (token_stream.py), in the agent's API
-            started_stream = await runtime.tokens.stream(
-                state.store, model, upstream_body, params, rollout_id, attempt_id
-            )
+            started_stream = await runtime.tokens.stream(*asked)
             if isinstance(started_stream, tuple):
                 prepared, generate = started_stream
                 record.data["segment"] = prepared.segment
@@ -91,9 +89,7 @@ async def dispatch(
                 )
             exact = started_stream
         else:
-            exact = await runtime.tokens.call(
-                state.store, model, upstream_body, params, rollout_id, attempt_id
-            )
+            exact = await runtime.tokens.call(*asked)
         if exact is not None:
             forwarded = exact.forwarded
             forwarded.tries = exact.tries

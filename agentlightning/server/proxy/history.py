@@ -221,12 +221,20 @@ def prompt_and_segment(
             if branched is not None:
                 segment["break"] = branched
         return prompt, segment
+    return rendered, segment_of(turns, messages, tools, rendered, token_exact=True)
+
+
+def segment_of(
+    turns: list[Turn], messages: list[tuple[Any, ...]], tools: str, prompt: list[int], token_exact: bool
+) -> dict[str, Any]:
+    """The segment record of a call whose prompt is the server's own rendering: the attempt's
+    first, a continuation of the latest turn (the rendering itself extends it), or a break."""
     if not turns:
-        return rendered, {"continues": False, "token_exact": True, "first": True}
-    broken = classify(turns, messages, tools, rendered)
-    if broken is None:  # the server's rendering itself extends the latest turn
-        return rendered, {"continues": True, "token_exact": True}
-    return rendered, {"continues": False, "token_exact": True, "break": broken}
+        return {"continues": False, "token_exact": token_exact, "first": True}
+    broken = classify(turns, messages, tools, prompt)
+    if broken is None:
+        return {"continues": True, "token_exact": token_exact}
+    return {"continues": False, "token_exact": token_exact, "break": broken}
 
 
 def first_difference(a: list[int], b: list[int]) -> int:

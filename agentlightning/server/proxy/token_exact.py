@@ -40,10 +40,10 @@ from agentlightning.server.proxy.history import (
     AttemptHistory,
     Turn,
     answered,
-    classify,
     knows,
     meaning,
     prompt_and_segment,
+    segment_of,
     tools_key,
 )
 from agentlightning.server.proxy.translate import sse
@@ -174,15 +174,16 @@ class TokenExact:
 
     async def call(
         self,
-        store: Store,
         model: Model,
         chat: dict[str, Any],
         params: dict[str, Any],
         rollout_id: str,
         attempt_id: str,
+        messages: list[tuple[Any, ...]],
+        turns: list[Turn],
     ) -> ExactCall | None:
         """Serve one chat call on tokens. None: the endpoint has no token endpoints (now known)."""
-        prepared = await self.prepare(store, model, chat, params, rollout_id, attempt_id)
+        prepared = await self.prepare(model, chat, params, rollout_id, attempt_id, messages, turns)
         if not isinstance(prepared, Prepared):
             return prepared
         generated = await self._post(model, GENERATE, prepared.generate_request, root=True)
@@ -190,17 +191,18 @@ class TokenExact:
 
     async def stream(
         self,
-        store: Store,
         model: Model,
         chat: dict[str, Any],
         params: dict[str, Any],
         rollout_id: str,
         attempt_id: str,
+        messages: list[tuple[Any, ...]],
+        turns: list[Turn],
     ) -> tuple[Prepared, Forwarded] | ExactCall | None:
         """Start one chat call on tokens with generate streamed: the prepared call and generate's
         open event stream (token_stream.py reads it). An engine that answers generate whole is
         answered as `call` does; None: the endpoint has no token endpoints (now known)."""
-        prepared = await self.prepare(store, model, chat, params, rollout_id, attempt_id)
+        prepared = await self.prepare(model, chat, params, rollout_id, attempt_id, messages, turns)
         if not isinstance(prepared, Prepared):
             return prepared
         body = orjson.dumps({**prepared.generate_request, "stream": True})
@@ -213,15 +215,17 @@ class TokenExact:
 
     async def prepare(
         self,
-        store: Store,
         model: Model,
         chat: dict[str, Any],
         params: dict[str, Any],
         rollout_id: str,
         attempt_id: str,
+        messages: list[tuple[Any, ...]],
+        turns: list[Turn],
     ) -> Prepared | ExactCall | None:
         """Render the call and make its prompt (steps 1-2): the generate request to send; else the
-        failed render's `ExactCall`, or None when the endpoint has no token endpoints."""
+        failed render's `ExactCall`, or None when the endpoint has no token endpoints. `messages`:
+        the chat request's by meaning (`messages_of`); `turns`: the attempt's, as `recall` gave them."""
         request = render_request(chat, params)
         rendered = await self._post(model, RENDER, request)
         if rendered.error is None and rendered.status in UNSUPPORTED:
@@ -237,9 +241,7 @@ class TokenExact:
         self.warned.discard(model.endpoint)
         rendered_ids: list[int] = generate_request["token_ids"]
 
-        messages = messages_of(chat)
         tools = tools_key(chat)
-        turns = await self.recall(store, rollout_id, attempt_id, messages, model)
         prompt, segment = prompt_and_segment(turns, messages, tools, rendered_ids)
         sampling = dict(generate_request.get("sampling_params") or {})
         if isinstance(sampling.get("max_tokens"), int):
@@ -555,13 +557,7 @@ def observe_chat_call(
         return
     tools = tools_key(chat)
     turns = history.turns(record.rollout_id, record.attempt_id)
-    broken = classify(turns, messages, tools, prompt)
-    if not turns:
-        d["segment"] = {"continues": False, "token_exact": token_exact, "first": True}
-    elif broken is not None:
-        d["segment"] = {"continues": False, "token_exact": token_exact, "break": broken}
-    else:
-        d["segment"] = {"continues": True, "token_exact": token_exact}
+    d["segment"] = segment_of(turns, messages, tools, prompt, token_exact)
     choices = response.get("choices") or [{}]
     choice = choices[0] if isinstance(choices[0], dict) else {}
     history.add(

@@ -161,23 +161,10 @@ class TokenStreamAnswer(UpstreamStream):
                     read = None
                     if not data:  # the end of generate's stream
                         break
-                    for raw in splitter.feed(data):
-                        payload = event_data(raw)
-                        if payload is None or payload.strip() == DONE:
-                            continue
-                        try:
-                            event = orjson.loads(payload)
-                        except orjson.JSONDecodeError:
-                            event = None
-                        problem = generate_event_problem(event)
-                        if problem is not None:
-                            error = (
-                                f"{self.model.endpoint} sent an event on the token path's {GENERATE} "
-                                f"stream that is not vLLM's: {problem} (it began: {payload[:200].decode(errors='replace')})"
-                            )
-                            break
+                    events, error = self._events(splitter, data)
+                    for event in events:
                         received(event)
-                        held.append(event)
+                    held += events
                     if error is not None:
                         break
                     ended = bool(held) and held[-1]["choices"][0].get("finish_reason") is not None
@@ -254,6 +241,28 @@ class TokenStreamAnswer(UpstreamStream):
         if error is not None:
             return self.events.error(502, error, "upstream_error")
         return tail
+
+    def _events(self, splitter: EventSplitter, data: bytes) -> tuple[list[dict[str, Any]], str | None]:
+        """Generate's events in one read of its stream, and what was wrong with the first that is
+        not vLLM's (the events before it are kept)."""
+        events: list[dict[str, Any]] = []
+        for raw in splitter.feed(data):
+            payload = event_data(raw)
+            if payload is None or payload.strip() == DONE:
+                continue
+            try:
+                event = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                event = None
+            problem = generate_event_problem(event)
+            if problem is not None:
+                began = payload[:200].decode(errors="replace")
+                return events, (
+                    f"{self.model.endpoint} sent an event on the token path's {GENERATE} stream that "
+                    f"is not vLLM's: {problem} (it began: {began})"
+                )
+            events.append(event)
+        return events, None
 
 
 def merged(events: list[dict[str, Any]]) -> dict[str, Any]:
