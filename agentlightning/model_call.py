@@ -69,7 +69,7 @@ PromptT = TypeVar("PromptT", bound=Sequence[int])
 
 
 class CallTokens(TypedDict, Generic[PromptT]):
-    """A call's token lists: what both delta encodings (store/delta.py, wire.py) pack in binary."""
+    """A call's token lists: what `wire.TokenDelta` packs (the store's deltas, the `triplet_delta` format)."""
 
     prompt_token_ids: PromptT  # empty when the answer carried none
     response_token_ids: list[int]  # the first choice's; empty when none

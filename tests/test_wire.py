@@ -18,9 +18,9 @@ from agentlightning.server.app import create_app
 from agentlightning.server.store import delta as delta_mod
 from agentlightning.wire import (
     PromptIds,
+    TokenDelta,
     bytes_to_floats,
     bytes_to_ids,
-    encode_triplet_delta,
     expand_prompt_refs,
     floats_to_bytes,
     ids_to_bytes,
@@ -53,6 +53,44 @@ def test_log_probs_round_trip_exactly_as_float64(values: list[float]) -> None:
     raw = floats_to_bytes(values)
     assert len(raw) == 8 * len(values)
     assert [v.hex() for v in bytes_to_floats(raw)] == [v.hex() for v in values]  # bit for bit
+
+
+@given(
+    ref=st.none() | st.integers(0, 2**63 - 1),
+    suffix=st.lists(U32, max_size=20),
+    response=st.lists(U32, max_size=20),
+    log_probs=st.none() | st.lists(LOG_PROB, max_size=20),
+    before=st.binary(max_size=8),
+    after=st.binary(max_size=8),
+)
+def test_a_token_delta_packs_and_unpacks_to_itself_in_binary_and_in_json(
+    ref: int | None,
+    suffix: list[int],
+    response: list[int],
+    log_probs: list[float] | None,
+    before: bytes,
+    after: bytes,
+) -> None:
+    """The store keeps `pack()`'s bytes among its own (`before`, `after`), the collection format
+    sends `to_json`: both give back the same delta."""
+    raw_suffix, raw_response = ids_to_bytes(suffix), ids_to_bytes(response)
+    assert raw_suffix is not None and raw_response is not None
+    lp = floats_to_bytes(log_probs) if log_probs is not None else None
+    delta = TokenDelta(ref, 7 if ref is not None else 0, raw_suffix, raw_response, lp)
+    packed = delta.pack()
+    got, end = TokenDelta.unpack(before + packed + after, len(before))
+    assert end == len(before) + len(packed)
+    assert (got.ref, got.shared, bytes(got.suffix), bytes(got.response)) == (
+        ref,
+        delta.shared,
+        raw_suffix,
+        raw_response,
+    )
+    assert (bytes(got.log_probs) if got.log_probs is not None else None) == lp
+    data = orjson.loads(delta.to_json(b'{"server":null}'))
+    assert TokenDelta.from_json(data) == delta and data == {"server": None}  # the delta's keys taken out
+    assert got.response_ids() == response
+    assert [v.hex() for v in got.log_prob_values() or []] == [v.hex() for v in log_probs or []]
 
 
 @st.composite
@@ -90,7 +128,9 @@ def packed_answers(draw: st.DrawFn) -> tuple[list[dict[str, Any]], list[dict[str
             lp = floats_to_bytes(log_probs) if log_probs is not None else None
             raw_suffix, raw_response = ids_to_bytes(suffix), ids_to_bytes(response)
             assert raw_suffix is not None and raw_response is not None
-            packed = encode_triplet_delta(ref, raw_suffix, raw_response, lp, orjson.dumps(tail))
+            at, shared = ref if ref is not None else (None, 0)
+            delta = TokenDelta(at, shared, raw_suffix, raw_response, lp)
+            packed = delta.to_json(orjson.dumps(tail))
             answer.append({"event_type": "model_request", "data": orjson.loads(packed)})
         else:
             answer.append({"event_type": "model_request", "data": orjson.loads(orjson.dumps(triplet))})
@@ -125,7 +165,7 @@ def test_triplet_delta_decodes_to_the_triplet_view(
 
 
 def test_a_reference_to_a_later_event_is_refused() -> None:
-    packed = orjson.loads(encode_triplet_delta((1, 0), b"", b"", None, b"{}"))
+    packed = orjson.loads(TokenDelta(1, 0, b"", b"", None).to_json(b"{}"))
     with pytest.raises(ValueError, match="not an earlier event"):
         expand_prompt_refs([{"event_type": "model_request", "data": packed}, {"data": {}}])
 

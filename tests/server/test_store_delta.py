@@ -307,7 +307,7 @@ async def test_a_long_rollout_stores_each_token_about_once(tmp_path: Path) -> No
     for t, data in enumerate(calls):
         await store.append_event(make_record("r", "a", "model_request", data, float(t)))
     stored = store._events["r"]
-    suffix_ids = sum(delta_mod._HEADER.unpack_from(e.record.call)[6] for e in stored) // 4
+    suffix_ids = sum(len(delta_mod._decode(e.record.call).tokens.suffix) for e in stored) // 4
     unique = 1000 + 29 * 120  # the first prompt, then each turn's response and tool output
     assert suffix_ids == unique
     repeated = sum(len(c["response"]["prompt_token_ids"]) for c in calls)
@@ -407,7 +407,7 @@ def format_1_blob(
     messages: list[bytes],
 ) -> bytes:
     """A call as the Gateway stored it before format 2 (one list: `request.messages`, in the header)."""
-    head = delta_mod._HEADER.pack(1, flags, *tok, *msg, 4 * len(suffix), 4 * len(response), 0)
+    head = delta_mod._HEADER_V2.pack(1, flags, *tok, *msg, 4 * len(suffix), 4 * len(response), 0)
     return b"".join((head, *(struct.pack("<I", i) for i in suffix + response), b"\n".join(messages)))
 
 
@@ -442,6 +442,55 @@ def test_calls_stored_in_format_1_read_as_before() -> None:
         stored.append(StoredEvent(seq, dataclasses.replace(record, data=orjson.dumps(residual), call=blob)))
     whole = delta_mod.materialize(stored, "data")
     assert [orjson.loads(e.record.data) for e in whole] == [first, second]
+
+
+def as_format_2(blob: bytes) -> bytes:
+    """A call stored in format 3 as the Gateway stored it in format 2: the prompt's base, shared
+    ids and list lengths in a fixed header, log-probs said by a flag."""
+    d = delta_mod._decode(blob)
+    t = d.tokens
+    lp = bytes(t.log_probs) if t.log_probs is not None else b""
+    flags = d.flags | (delta_mod.F_LOGPROBS if t.log_probs is not None else 0)
+    head = delta_mod._HEADER_V2.pack(
+        2, flags, t.ref or 0, t.shared, 0, 0, len(t.suffix), len(t.response), len(lp)
+    )
+    slots = [d.slots[k] for k in sorted(d.slots)]
+    return b"".join(
+        (
+            head,
+            *(delta_mod._SLOT_HEADER.pack(s.base, s.shared, len(s.new)) for s in slots),
+            t.suffix,
+            t.response,
+            lp,
+            *(s.new for s in slots),
+        )
+    )
+
+
+async def test_calls_stored_in_format_2_read_as_before() -> None:
+    """Rows written before the tokens became one `TokenDelta` (format 3) read the same in every view."""
+    store = MemoryStore()
+    await store.open()
+    for api in SHAPES:
+        await store.create_rollouts([Rollout(rollout_id=api, input={})])
+        calls = [
+            chat_call(c["response"]["prompt_token_ids"], c["request"]["messages"], [7] * 60, [-0.5] * 60, api)
+            for c in long_conversation(4, first=1000)
+        ]
+        calls[-1]["response"]["choices"][0]["logprobs"] = None  # a call whose log-probs were not reported
+        for t, data in enumerate(calls):
+            await store.append_event(make_record(api, "a", "model_request", data, float(t)))
+        stored = store._events[api]
+        old = [
+            StoredEvent(e.sequence, dataclasses.replace(e.record, call=as_format_2(e.record.call)))
+            for e in stored
+        ]
+        assert all(e.record.call[0] == 2 for e in old) and delta_mod.bases_of(old[-1].record.call)
+        assert len(delta_mod._decode(old[-1].record.call).slots) == (1 if api == "chat.completions" else 2)
+        for view in ("data", "triplet", "triplet_delta"):
+            assert delta_mod.materialize(old, view) == delta_mod.materialize(stored, view)
+        triplets = [orjson.loads(e.record.triplet or b"") for e in delta_mod.materialize(old, "triplet")]
+        assert triplets[-1]["response_log_probs"] is None and triplets[0]["response_log_probs"] == [-0.5] * 60
 
 
 async def test_a_long_responses_or_anthropic_rollout_is_stored_as_compactly_as_chat() -> None:

@@ -4,16 +4,16 @@ Every call of a multi-turn agent re-sends the whole conversation, so a `model_re
 repeats all earlier prompt token ids and messages. Within one attempt, a call is stored as a
 reference to an earlier call plus what is new:
 
-* prompt token ids: `(tok_base, tok_shared, suffix)` — the first `tok_shared` ids of call
-  `tok_base`'s prompt, then `suffix` (uint32 little-endian, 4 bytes an id instead of ~7 as
-  JSON text);
+* the call's tokens as a `wire.TokenDelta`, the codec the `triplet_delta` collection format
+  sends too: the first `shared` prompt ids of call `ref`, then `suffix` (uint32 little-endian,
+  4 bytes an id instead of ~7 as JSON text), the response ids (uint32) and the triplet's
+  log-probs (float64: exact, 8 bytes instead of ~20 as JSON text) once, in binary, instead of
+  in both the raw payload and the triplet view;
 * the request's lists of messages: `(msg_base, msg_shared, new messages)` — the first
   `msg_shared` messages of call `msg_base`, then the new ones (each its own JSON text). Each
   list a call re-sends is its own delta: `request.messages` (chat, Anthropic), `request.input`
   (Responses: Codex CLI re-sends its whole history as items) and `chat_request.messages` (the
-  chat form the proxy recorded for a Responses or Anthropic call);
-* response token ids (uint32) and the triplet's log-probs (float64: exact, 8 bytes instead of
-  ~20 as JSON text) once, in binary, instead of in both the raw payload and the triplet view.
+  chat form the proxy recorded for a Responses or Anthropic call).
 
 The rest of the payload is kept as JSON with placeholders where those lists were; reads splice
 them back, so every read route returns byte-for-byte the JSON a plain store returns.
@@ -27,6 +27,7 @@ A call whose base is unknown (the index forgot it, the Gateway restarted) is sto
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import struct
 from collections import OrderedDict
@@ -40,13 +41,7 @@ from agentlightning.model_call import CallTokens, CallTriplet
 from agentlightning.schemas import EVENT_MODEL_REQUEST
 from agentlightning.server.store.base import EventRecord, StoredEvent
 from agentlightning.server.triplet import keep_last_per_prompt
-from agentlightning.wire import (
-    bytes_to_floats,
-    bytes_to_ids,
-    encode_triplet_delta,
-    floats_to_bytes,
-    ids_to_bytes,
-)
+from agentlightning.wire import TokenDelta, bytes_to_ids, floats_to_bytes, ids_to_bytes
 
 BLOCK = 1024  # prompt ids per digest block: a shared prefix is found to this granularity
 # Calls with shorter prompts are stored whole: splitting costs more than it saves there (the
@@ -63,13 +58,14 @@ J_RESPONSE = orjson.dumps(PH_RESPONSE)
 PH_MARK = b'"\\u0000agl:'  # how every placeholder's JSON begins
 
 # Format 1 stored one list (`request.messages`) in the header's msg_base/msg_shared; format 2
-# stores every list after the header (format 1 rows are still read).
-FORMAT = 2
-READS = (1, 2)
+# stores every list after the header; format 3 the tokens as the one `wire.TokenDelta` codec
+# (formats 1 and 2 are still read).
+FORMAT = 3
+READS = (1, 2, 3)
 F_PROMPT = 1  # the raw payload's prompt ids were taken out
 F_MESSAGES = 2  # the raw payload's request messages were taken out
 F_RESPONSE = 4  # the raw payload's first choice token ids were taken out
-F_LOGPROBS = 8  # the triplet has log-probs (float64)
+F_LOGPROBS = 8  # formats 1 and 2: the triplet has log-probs (format 3: in its TokenDelta)
 F_INPUT = 16  # the raw payload's Responses `request.input` items were taken out
 F_CHAT_MESSAGES = 32  # the raw payload's `chat_request.messages` were taken out
 
@@ -89,10 +85,13 @@ SLOTS = (
     _Slot("request", "input", F_INPUT, orjson.dumps("\x00agl:input")),
     _Slot("chat_request", "messages", F_CHAT_MESSAGES, orjson.dumps("\x00agl:chat_messages")),
 )
-# format, flags, tok_base, tok_shared, msg_base, msg_shared (format 1 only), suffix ids, response
-# ids, log-probs; format 2: then per slot taken out, in SLOTS order, its base, shared, new bytes
-_HEADER = struct.Struct("<BBqIqIIII")
-_SLOT_HEADER = struct.Struct("<qII")
+# Format 3: format, flags; per slot taken out, in SLOTS order, its _SLOT_HEADER; the call's
+# TokenDelta (`ref`: an earlier call's sequence number); the slots' new items.
+_HEADER = struct.Struct("<BB")
+_SLOT_HEADER = struct.Struct("<qII")  # base call (0: none), items shared, new items' bytes
+# Formats 1 and 2: format, flags, tok_base (0: none), tok_shared, msg_base, msg_shared (format 1
+# only), the bytes of the suffix ids, response ids, log-probs; format 2: then the slot headers.
+_HEADER_V2 = struct.Struct("<BBqIqIIII")
 _TOKEN_KEYS = CallTokens.__required_keys__  # stored in binary; the triplet's other fields: its tail
 
 
@@ -148,7 +147,7 @@ class CallDraft:
     lists: tuple[list[bytes] | None, ...]  # per slot: JSON of each item (None: not taken out)
     list_hashes: tuple[tuple[int, ...] | None, ...]
     response: bytes  # uint32 ids of the first choice
-    log_probs: bytes  # float64, when F_LOGPROBS
+    log_probs: bytes | None  # float64 (None: not reported)
     # the originals, for rendering the event whole right after it was appended
     prompt_ids: list[int]
     response_ids: list[int]
@@ -182,16 +181,15 @@ def _splice(
     return b"".join(out)
 
 
-def _render_triplet(prompt_part: bytes, response: bytes, log_probs: bytes | None, tail: bytes) -> bytes:
+def _render_triplet(prompt: list[int], tokens: TokenDelta, tail: bytes) -> bytes:
     """The triplet's JSON, as orjson writes it: the three lists first, then the tail's fields."""
-    lp = orjson.dumps(bytes_to_floats(log_probs)) if log_probs is not None else b"null"
     return (
-        b"{"
-        + prompt_part
+        b'{"prompt_token_ids":'
+        + orjson.dumps(prompt)
         + b',"response_token_ids":'
-        + orjson.dumps(bytes_to_ids(response))
+        + orjson.dumps(tokens.response_ids())
         + b',"response_log_probs":'
-        + lp
+        + orjson.dumps(tokens.log_prob_values())
         + (b"," + tail[1:] if len(tail) > 2 else b"}")
     )
 
@@ -253,10 +251,6 @@ def split_call(
     encoded = orjson.dumps(residual)
     if encoded.count(PH_MARK) != n_placeholders:
         return None  # the payload itself contains a placeholder's text
-    lp = b""
-    if log_probs is not None:
-        flags |= F_LOGPROBS
-        lp = floats_to_bytes(log_probs)
     tail = orjson.dumps({k: v for k, v in triplet.items() if k not in _TOKEN_KEYS})
     draft = CallDraft(
         flags=flags,
@@ -265,7 +259,7 @@ def split_call(
         lists=tuple(lists),
         list_hashes=tuple(tuple(hash(m) for m in items) if items is not None else None for items in lists),
         response=response,
-        log_probs=lp,
+        log_probs=floats_to_bytes(log_probs) if log_probs is not None else None,
         prompt_ids=prompt_ids,
         response_ids=response_ids,
     )
@@ -358,18 +352,8 @@ class CallIndex:
                 new = b"\n".join(items[shared:])
                 slot_headers.append(_SLOT_HEADER.pack(base, shared, len(new)))
                 slot_items.append(new)
-        header = _HEADER.pack(
-            FORMAT,
-            draft.flags,
-            tok_base,
-            tok_shared,
-            0,
-            0,
-            len(suffix),
-            len(draft.response),
-            len(draft.log_probs),
-        )
-        blob = b"".join((header, *slot_headers, suffix, draft.response, draft.log_probs, *slot_items))
+        tokens = TokenDelta(tok_base or None, tok_shared, suffix, draft.response, draft.log_probs)
+        blob = b"".join((_HEADER.pack(FORMAT, draft.flags), *slot_headers, tokens.pack(), *slot_items))
         candidate = _Candidate(
             seq=0,
             length=d.length if d is not None else 0,
@@ -435,56 +419,66 @@ class _SlotDelta:
 @dataclass(slots=True)
 class _Decoded:
     flags: int
-    tok_base: int
-    tok_shared: int
-    suffix: memoryview
-    response: bytes
-    log_probs: bytes | None
+    tokens: TokenDelta  # `ref`: the call whose prompt this one's begins with
     slots: dict[int, _SlotDelta]  # by index in SLOTS, for the lists taken out
 
 
-def _headers(blob: bytes) -> tuple[tuple[int, ...], list[tuple[int, int, int, int]], int]:
-    """The fixed header's fields, the lists' (slot, base, shared, new bytes; -1: to the end) and
-    where the body starts."""
-    fields = _HEADER.unpack_from(blob)
-    fmt, flags, _, _, msg_base, msg_shared = fields[:6]
+def _decode(blob: bytes) -> _Decoded:
+    fmt, flags = _HEADER.unpack_from(blob)
     if fmt not in READS:
         raise RuntimeError(f"stored call in format {fmt}, this Gateway reads formats {READS}")
-    at = _HEADER.size
-    heads: list[tuple[int, int, int, int]] = []
-    if fmt == 1:
-        if flags & F_MESSAGES:
-            heads.append((0, msg_base, msg_shared, -1))
+    if fmt < 3:
+        return _decode_v2(blob)
+    heads, at = _slot_heads(blob, flags, _HEADER.size)
+    tokens, at = TokenDelta.unpack(blob, at)
+    return _Decoded(flags, tokens, _slot_deltas(blob, heads, at))
+
+
+def _decode_v2(blob: bytes) -> _Decoded:
+    """A call stored in format 1 or 2."""
+    fmt, flags, tok_base, tok_shared, msg_base, msg_shared, n_suffix, n_resp, n_lp = _HEADER_V2.unpack_from(
+        blob
+    )
+    at = _HEADER_V2.size
+    if fmt == 1:  # one list, `request.messages`, to the end
+        heads = [(0, msg_base, msg_shared, -1)] if flags & F_MESSAGES else []
     else:
-        for k, slot in enumerate(SLOTS):
-            if flags & slot.flag:
-                heads.append((k, *_SLOT_HEADER.unpack_from(blob, at)))
-                at += _SLOT_HEADER.size
-    return fields, heads, at
-
-
-def _decode(blob: bytes) -> _Decoded:
-    (_, flags, tok_base, tok_shared, _, _, n_suffix, n_resp, n_lp), heads, at = _headers(blob)
+        heads, at = _slot_heads(blob, flags, at)
     view = memoryview(blob)
     suffix = view[at : at + n_suffix]
-    at += n_suffix
-    response = bytes(view[at : at + n_resp])
-    at += n_resp
-    log_probs = bytes(view[at : at + n_lp]) if flags & F_LOGPROBS else None
-    at += n_lp
+    response = view[at + n_suffix : at + n_suffix + n_resp]
+    at += n_suffix + n_resp
+    log_probs = view[at : at + n_lp] if flags & F_LOGPROBS else None
+    tokens = TokenDelta(tok_base or None, tok_shared, suffix, response, log_probs)
+    return _Decoded(flags, tokens, _slot_deltas(blob, heads, at + n_lp))
+
+
+def _slot_heads(blob: bytes, flags: int, at: int) -> tuple[list[tuple[int, int, int, int]], int]:
+    """The lists' (slot, base, shared, new bytes) headers at `at`, and where they end."""
+    heads = []
+    for k, slot in enumerate(SLOTS):
+        if flags & slot.flag:
+            heads.append((k, *_SLOT_HEADER.unpack_from(blob, at)))
+            at += _SLOT_HEADER.size
+    return heads, at
+
+
+def _slot_deltas(blob: bytes, heads: list[tuple[int, int, int, int]], at: int) -> dict[int, _SlotDelta]:
+    """The lists' new items, stored one after the other from `at` (new bytes -1: to the end)."""
+    view = memoryview(blob)
     slots = {}
     for k, base, shared, n_new in heads:
         end = len(view) if n_new < 0 else at + n_new
         slots[k] = _SlotDelta(base, shared, view[at:end])
         at = end
-    return _Decoded(flags, tok_base, tok_shared, suffix, response, log_probs, slots)
+    return slots
 
 
 def bases_of(blob: bytes) -> set[int]:
-    """The earlier calls a stored call refers to (its prompt's and its lists' bases): read from
-    the headers only, as the Postgres store checks them for every batch of calls it inserts."""
-    fields, heads, _ = _headers(blob)
-    return {b for b in (fields[2], *(base for _, base, _, _ in heads)) if b}
+    """The earlier calls a stored call refers to (its prompt's and its lists' bases), as the
+    Postgres store checks them for every batch of calls it inserts."""
+    d = _decode(blob)
+    return {b for b in (d.tokens.ref, *(delta.base for delta in d.slots.values())) if b}
 
 
 class _Calls:
@@ -506,16 +500,16 @@ class _Calls:
         chain = []
         s = seq
         while s not in self._prompts:
-            d = self.decoded[s]
+            t = self.decoded[s].tokens
             chain.append(s)
-            if not d.tok_base:
+            if t.ref is None:
                 break
-            self._base(s, d.tok_base)
-            s = d.tok_base
+            self._base(s, t.ref)
+            s = t.ref
         for s in reversed(chain):
-            d = self.decoded[s]
-            head = self._prompts[d.tok_base][: d.tok_shared] if d.tok_base else []
-            self._prompts[s] = head + bytes_to_ids(d.suffix)
+            t = self.decoded[s].tokens
+            head = self._prompts[t.ref][: t.shared] if t.ref is not None else []
+            self._prompts[s] = head + bytes_to_ids(t.suffix)
         return self._prompts[seq]
 
     def items(self, seq: int, slot: int) -> list[bytes]:
@@ -573,7 +567,7 @@ def materialize(events: list[StoredEvent], view: View) -> list[StoredEvent]:
             out.append(e)
             continue
         if view == "data":
-            response = bytes_to_ids(d.response) if d.flags & F_RESPONSE else []
+            response = d.tokens.response_ids() if d.flags & F_RESPONSE else []
             prompt = calls.prompt(e.sequence) if d.flags & F_PROMPT else []
             lists = [calls.items(e.sequence, k) if k in d.slots else None for k in range(len(SLOTS))]
             payload = _splice(r.data, d.flags, prompt, response, lists)
@@ -581,30 +575,28 @@ def materialize(events: list[StoredEvent], view: View) -> list[StoredEvent]:
             continue
         assert r.triplet is not None
         if view == "triplet":
-            part = b'"prompt_token_ids":' + orjson.dumps(calls.prompt(e.sequence))
-            payload = _render_triplet(part, d.response, d.log_probs, r.triplet)
+            payload = _render_triplet(calls.prompt(e.sequence), d.tokens, r.triplet)
         else:
-            payload = _render_packed(calls, e.sequence, d, position, r.triplet)
+            payload = _render_packed(calls, e.sequence, d.tokens, position).to_json(r.triplet)
         out.append(StoredEvent(e.sequence, _replace(r, data=b"", triplet=payload)))
     return out
 
 
-def _render_packed(calls: _Calls, seq: int, d: _Decoded, position: dict[int, int], tail: bytes) -> bytes:
-    """A call in the `triplet_delta` format, its `prompt_ref` against the nearest ancestor in the
-    answer (null: none)."""
-    shared, base = d.tok_shared, d.tok_base
-    while base and base not in position:  # its base was left out (an earlier retry of a prompt)
-        b = calls.decoded[base]
-        shared = min(shared, b.tok_shared)
-        base = b.tok_base
-    ref: tuple[int, int] | None
-    if not base or not shared:
-        ref, suffix = None, (d.suffix if not d.tok_base else ids_to_bytes(calls.prompt(seq)))
-    else:
-        ref = (position[base], shared)
-        suffix = d.suffix if base == d.tok_base else ids_to_bytes(calls.prompt(seq)[shared:])
-    assert suffix is not None  # ids that were stored as uint32 fit uint32
-    return encode_triplet_delta(ref, suffix, d.response, d.log_probs, tail)
+def _render_packed(calls: _Calls, seq: int, tokens: TokenDelta, position: dict[int, int]) -> TokenDelta:
+    """A call's tokens for the `triplet_delta` format: its reference made against the nearest
+    ancestor in the answer, by position (None: none there)."""
+    shared, base = tokens.shared, tokens.ref
+    while base is not None and base not in position:  # its base was left out (an earlier retry)
+        b = calls.decoded[base].tokens
+        shared = min(shared, b.shared)
+        base = b.ref
+    if base is None or not shared:
+        whole = tokens.suffix if tokens.ref is None else ids_to_bytes(calls.prompt(seq))
+        assert whole is not None  # ids that were stored as uint32 fit uint32
+        return dataclasses.replace(tokens, ref=None, shared=0, suffix=whole)
+    suffix = tokens.suffix if base == tokens.ref else ids_to_bytes(calls.prompt(seq)[shared:])
+    assert suffix is not None
+    return dataclasses.replace(tokens, ref=position[base], shared=shared, suffix=suffix)
 
 
 def _replace(r: EventRecord, data: bytes, triplet: bytes | None) -> EventRecord:
