@@ -361,17 +361,9 @@ class CallIndex:
             full=d.full if d is not None else b"",
             list_hashes=draft.list_hashes,
         )
-        stored = EventRecord(
-            record.rollout_id,
-            record.attempt_id,
-            record.event_type,
-            record.timestamp,
-            record.data,
-            record.triplet,
-            record.prompt_key,
-            blob,
+        return _replace(record, record.data, record.triplet, blob), PendingCall(
+            self.generation, key, candidate
         )
-        return stored, PendingCall(self.generation, key, candidate)
 
     def remember(self, pending: PendingCall, seq: int) -> None:
         if pending.generation != self.generation:
@@ -599,13 +591,9 @@ def _render_packed(calls: _Calls, seq: int, tokens: TokenDelta, position: dict[i
     return dataclasses.replace(tokens, ref=position[base], shared=shared, suffix=suffix)
 
 
-def _replace(r: EventRecord, data: bytes, triplet: bytes | None) -> EventRecord:
+def _replace(r: EventRecord, data: bytes, triplet: bytes | None, call: bytes | None = None) -> EventRecord:
+    # Not dataclasses.replace: this runs for every stored call appended and read, and a
+    # constructor call is a fraction of its cost.
     return EventRecord(
-        rollout_id=r.rollout_id,
-        attempt_id=r.attempt_id,
-        event_type=r.event_type,
-        timestamp=r.timestamp,
-        data=data,
-        triplet=triplet,
-        prompt_key=r.prompt_key,
+        r.rollout_id, r.attempt_id, r.event_type, r.timestamp, data, triplet, r.prompt_key, call
     )
