@@ -27,7 +27,6 @@ A call whose base is unknown (the index forgot it, the Gateway restarted) is sto
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import struct
 from collections import OrderedDict
@@ -585,15 +584,15 @@ def _render_packed(calls: _Calls, seq: int, tokens: TokenDelta, position: dict[i
     if base is None or not shared:
         whole = tokens.suffix if tokens.ref is None else ids_to_bytes(calls.prompt(seq))
         assert whole is not None  # ids that were stored as uint32 fit uint32
-        return dataclasses.replace(tokens, ref=None, shared=0, suffix=whole)
+        return TokenDelta(None, 0, whole, tokens.response, tokens.log_probs)
     suffix = tokens.suffix if base == tokens.ref else ids_to_bytes(calls.prompt(seq)[shared:])
     assert suffix is not None
-    return dataclasses.replace(tokens, ref=position[base], shared=shared, suffix=suffix)
+    return TokenDelta(position[base], shared, suffix, tokens.response, tokens.log_probs)
 
 
 def _replace(r: EventRecord, data: bytes, triplet: bytes | None, call: bytes | None = None) -> EventRecord:
-    # Not dataclasses.replace: this runs for every stored call appended and read, and a
-    # constructor call is a fraction of its cost.
+    # Not dataclasses.replace: this runs for every call appended and read, and a constructor
+    # call is a fraction of its cost.
     return EventRecord(
         r.rollout_id, r.attempt_id, r.event_type, r.timestamp, data, triplet, r.prompt_key, call
     )
