@@ -581,13 +581,15 @@ def _render_packed(calls: _Calls, seq: int, tokens: TokenDelta, position: dict[i
         b = calls.decoded[base].tokens
         shared = min(shared, b.shared)
         base = b.ref
-    if base is None or not shared:
-        whole = tokens.suffix if tokens.ref is None else ids_to_bytes(calls.prompt(seq))
-        assert whole is not None  # ids that were stored as uint32 fit uint32
-        return TokenDelta(None, 0, whole, tokens.response, tokens.log_probs)
-    suffix = tokens.suffix if base == tokens.ref else ids_to_bytes(calls.prompt(seq)[shared:])
-    assert suffix is not None
-    return TokenDelta(position[base], shared, suffix, tokens.response, tokens.log_probs)
+    ref: int | None
+    if base is None or not shared:  # the whole prompt
+        ref, shared = None, 0
+        suffix = tokens.suffix if tokens.ref is None else ids_to_bytes(calls.prompt(seq))
+    else:
+        ref = position[base]
+        suffix = tokens.suffix if base == tokens.ref else ids_to_bytes(calls.prompt(seq)[shared:])
+    assert suffix is not None  # ids that were stored as uint32 fit uint32
+    return TokenDelta(ref, shared, suffix, tokens.response, tokens.log_probs)
 
 
 def _replace(r: EventRecord, data: bytes, triplet: bytes | None, call: bytes | None = None) -> EventRecord:
