@@ -5,8 +5,11 @@ The measured call goes on from an opening exchange of its attempt (a short answe
 made to end at once): a call that continues no earlier turn is served by the engine's chat API
 itself, one request (docs/gateway.md), and is timed too ("through the Gateway (first call)").
 
-One run starts the engine (vLLM-CPU serving the demo's tiny model (its vLLM recipe) with `--enable-scale-out`; or,
-`--smoke`, the fake vLLM-shaped model server) and one `agl-server`, then streams the same long
+One run starts the engine (vLLM-CPU serving the demo's tiny model (its vLLM recipe) with
+`--enable-scale-out`, its engine-core process moved beside its worker: `engine_core_beside_worker`,
+without which, on two cores, its busy-polling holds the API server's streams back until the
+generation ends, see `--engine-core-anywhere`; or, `--smoke`, the fake vLLM-shaped model
+server) and one `agl-server`, then streams the same long
 answer (`ignore_eos`, `--max-tokens`) `--calls` times each way, interleaved, after one warm-up
 call each (a vLLM server's first streamed derender pays a one-time start of about a second),
 and the engine's generate stream read directly (render, then generate: the token path without
@@ -15,6 +18,7 @@ It prints the median time to the first chunk that carries generated tokens, the 
 the last chunk, the chunks per answer, and what the Gateway adds to each.
 
     .venv/bin/python bench/stream_ttfb.py                 # vLLM-CPU, 5 calls of 512 tokens
+    .venv/bin/python bench/stream_ttfb.py --engine-core-anywhere   # vLLM's processes where the OS puts them
     .venv/bin/python bench/stream_ttfb.py --smoke         # the fake model server: that it runs
 """
 
@@ -47,7 +51,7 @@ NEXT = {"role": "user", "content": "Go on counting."}
 
 
 @contextmanager
-def engine(smoke: bool, work: Path) -> Iterator[tuple[str, dict[str, float]]]:
+def engine(smoke: bool, work: Path, beside_worker: bool) -> Iterator[tuple[str, dict[str, float]]]:
     """The engine's base URL (…/v1 is its OpenAI root), and the `logit_bias` that makes its
     model end an answer at once (the opening exchange's: an answer that ended, not one cut)."""
     if smoke:
@@ -65,7 +69,8 @@ def engine(smoke: bool, work: Path) -> Iterator[tuple[str, dict[str, float]]]:
     tokenizer = build_tokenizer()
     model = build_model(SIZES["demo"], tokenizer=tokenizer)
     model_dir = save_tiny(work / "model", model, tokenizer)
-    server = VLLMServer(model_dir, "policy", VLLMServerConfig(dtype="float32"), work / "vllm")
+    config = VLLMServerConfig(dtype="float32", engine_core_beside_worker=beside_worker)
+    server = VLLMServer(model_dir, "policy", config, work / "vllm")
     server.start()
     try:
         server.wait_ready()
@@ -137,12 +142,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=512)
+    parser.add_argument(
+        "--engine-core-anywhere",
+        action="store_true",
+        help="leave vLLM's engine-core process where the OS puts it (vLLM's default), not beside its worker",
+    )
     parser.add_argument("--smoke", action="store_true", help="the fake model server, 2 calls: that it runs")
     args = parser.parse_args()
     calls, max_tokens = (2, 40) if args.smoke else (args.calls, args.max_tokens)
     with (
         tempfile.TemporaryDirectory(prefix="agl-ttfb-") as tmp,
-        engine(args.smoke, Path(tmp)) as (base, end_now),
+        engine(args.smoke, Path(tmp), not args.engine_core_anywhere) as (base, end_now),
     ):
         work = Path(tmp)
         gateway = launch.start_gateway(
@@ -187,7 +197,8 @@ def main() -> None:
     def median(runs: list[tuple[float, float, int]], i: int) -> float:
         return statistics.median(run[i] for run in runs)
 
-    engine_name = "fake model server" if args.smoke else "vLLM-CPU, demo tiny model"
+    placement = "anywhere" if args.engine_core_anywhere else "beside its worker"
+    engine_name = "fake model server" if args.smoke else f"vLLM-CPU, demo tiny model, engine core {placement}"
     print(f"streamed chat, {max_tokens} tokens, {calls} calls each way, {engine_name} (medians)")
     print(f"{'':<33}{'first token ms':>14}{'last chunk ms':>15}{'chunks':>8}")
     rows = (

@@ -71,6 +71,9 @@ class VLLMRolloutConfig:
     cpu_binds: list[str] = field(
         default_factory=list
     )  # per server: VLLM_CPU_OMP_THREADS_BIND, e.g. ["0", "1"]
+    # CPU, few cores: each server's engine-core process moved onto its worker's cores once ready
+    # (it busy-polls the worker; beside the API server it holds streams back): docs/vllm.md
+    engine_core_beside_worker: bool = False
     extra_args: list[str] = field(default_factory=list)  # more `vllm serve` flags, verbatim
     # engine=auto: vLLM for models at least this large (below, the torch engine is faster on CPU)
     auto_min_parameters: int = 5_000_000

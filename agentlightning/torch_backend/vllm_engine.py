@@ -69,6 +69,7 @@ def server_config(rollout: TorchRolloutConfig, device: torch.device) -> VLLMServ
         seed=rollout.seed,
         start_timeout_seconds=v.start_timeout_seconds,
         cpu_binds=list(v.cpu_binds),
+        engine_core_beside_worker=v.engine_core_beside_worker,
         extra_args=list(v.extra_args),
     )
 

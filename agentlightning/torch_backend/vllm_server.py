@@ -40,6 +40,9 @@ log = get_logger("vllm_server")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VLLM_VENV = ".venv-vllm"
 MAX_SOCKET_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
+# vLLM's process names (/proc/PID/comm, cut to 15 characters)
+ENGINE_CORE_NAME = "VLLM::EngineCor"
+WORKER_NAME = "VLLM::Worker"
 
 
 def vllm_python(configured: str | None = None) -> str:
@@ -73,6 +76,51 @@ def vllm_unavailable(python: str | None = None) -> str | None:
     return None
 
 
+def descendants(pid: int) -> dict[int, str]:
+    """The processes below `pid` (children, theirs, ...), each with its name (/proc/PID/comm)."""
+    parent_of: dict[int, int] = {}
+    name_of: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        close = stat.rindex(")")  # the name, in parentheses, may hold spaces and parentheses
+        name_of[int(entry)] = stat[stat.index("(") + 1 : close]
+        parent_of[int(entry)] = int(stat[close + 2 :].split()[1])
+    found: dict[int, str] = {}
+    below = [pid]
+    while below:
+        parent = below.pop()
+        for child, its_parent in parent_of.items():
+            if its_parent == parent and child not in found:
+                found[child] = name_of[child]
+                below.append(child)
+    return found
+
+
+def engine_core_beside_worker(server_pid: int) -> set[int]:
+    """Move every thread of a vLLM server's engine-core process onto the cores its worker is
+    bound to (`VLLMServerConfig.engine_core_beside_worker`); those cores."""
+    named = descendants(server_pid)
+    engines = [pid for pid, name in named.items() if name.startswith(ENGINE_CORE_NAME)]
+    workers = [pid for pid, name in named.items() if name.startswith(WORKER_NAME)]
+    if not engines or not workers:
+        raise RuntimeError(
+            f"engine_core_beside_worker: the vLLM server (pid {server_pid}) has no {ENGINE_CORE_NAME!r} "
+            f"or no {WORKER_NAME!r} process below it (found {sorted(named.values())}): "
+            "a vLLM that names its processes otherwise, or runs the model in its engine core "
+            "(--distributed-executor-backend uni); set the key to false"
+        )
+    cores = set().union(*(os.sched_getaffinity(pid) for pid in workers))
+    for pid in engines:
+        for thread in os.listdir(f"/proc/{pid}/task"):
+            os.sched_setaffinity(int(thread), cores)
+    return cores
+
+
 @dataclass
 class VLLMServerConfig:
     """How each vLLM server is started (`actor_rollout_ref.rollout.vllm.*`)."""
@@ -96,6 +144,10 @@ class VLLMServerConfig:
     # Per server i: a CPU core list for its threads (VLLM_CPU_OMP_THREADS_BIND), e.g. ["0", "1"];
     # empty: vLLM's own choice (it binds to core 0 on a 2-core machine).
     cpu_binds: list[str] = field(default_factory=list)
+    # Once ready, move vLLM's engine-core process onto the cores its worker is bound to. It
+    # busy-polls the worker after each step: on a machine with few cores it takes the API server's
+    # core, whose streams then reach the client only when generation ends (docs/vllm.md).
+    engine_core_beside_worker: bool = False
     extra_args: list[str] = field(default_factory=list)  # more `vllm serve` flags, verbatim
     # > 0: serve LoRA adapters up to this rank, loaded and swapped at run time (`load_lora_adapter`)
     max_lora_rank: int = 0
@@ -279,6 +331,9 @@ class VLLMServer:
                 f"failed to start: {exc}"
             ) from None
         self.ready_seconds = time.monotonic() - self._started_at
+        if self.config.engine_core_beside_worker:
+            cores = engine_core_beside_worker(self.process.pid)
+            log.info("vllm_engine_core_moved", pid=self.process.pid, cores=sorted(cores))
         log.info(
             "vllm_server_ready", pid=self.process.pid, endpoint=self.endpoint, seconds=self.ready_seconds
         )

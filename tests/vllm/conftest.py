@@ -33,6 +33,7 @@ def vllm_ready() -> str:
 class ScriptedVLLM:
     base_url: str
     model_dir: Path
+    pid: int | None = None  # its API server's; None for a server named by AGL_TEST_VLLM_URL
 
     @property
     def endpoint(self) -> str:
@@ -41,7 +42,8 @@ class ScriptedVLLM:
 
 @pytest.fixture(scope="session")
 def vllm_server(vllm_ready: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptedVLLM]:
-    """One real vLLM OpenAI server (fp32, Hermes tool parser) for the whole session.
+    """One real vLLM OpenAI server (fp32, Hermes tool parser) for the whole session, streaming as
+    it generates.
 
     Tests that reload other weights into it put the scripted weights back before they end.
     While developing, AGL_TEST_VLLM_URL and AGL_TEST_VLLM_MODEL_DIR name a server already
@@ -51,12 +53,16 @@ def vllm_server(vllm_ready: str, tmp_path_factory: pytest.TempPathFactory) -> It
         yield ScriptedVLLM(running.rstrip("/"), Path(os.environ["AGL_TEST_VLLM_MODEL_DIR"]))
         return
     scripted_model_dir = save_scripted_model(tmp_path_factory.mktemp("scripted") / "model")
-    config = VLLMServerConfig(python=vllm_ready, dtype="float32", max_model_len=1024)
+    # Its engine core beside its worker: on two cores its busy-polling otherwise holds the API
+    # server's streams back until a generation ends (docs/vllm.md).
+    config = VLLMServerConfig(
+        python=vllm_ready, dtype="float32", max_model_len=1024, engine_core_beside_worker=True
+    )
     server = VLLMServer(scripted_model_dir, SERVED_NAME, config, tmp_path_factory.mktemp("vllm"))
     server.start()
     try:
         server.wait_ready()
-        yield ScriptedVLLM(server.base_url, scripted_model_dir)
+        yield ScriptedVLLM(server.base_url, scripted_model_dir, server.pid)
     finally:
         server.stop()
 

@@ -1,8 +1,12 @@
 """The vLLM server manager's own behaviour: models vLLM cannot serve are refused before any server
-starts, a server that fails to start is reported with its log's tail, and nothing is left."""
+starts, a server that fails to start is reported with its log's tail, and nothing is left; the
+engine core moved beside its worker."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,8 +15,16 @@ from agentlightning.procs import ProcessFailed
 from agentlightning.tiny_model import TinyModelConfig, build_model, build_tokenizer
 from agentlightning.torch_backend.config import TorchRolloutConfig, VLLMRolloutConfig
 from agentlightning.torch_backend.vllm_engine import VLLMEngineError, check_servable, choose_engine
-from agentlightning.torch_backend.vllm_server import VLLMServerConfig, VLLMServers
+from agentlightning.torch_backend.vllm_server import (
+    ENGINE_CORE_NAME,
+    WORKER_NAME,
+    VLLMServerConfig,
+    VLLMServers,
+    descendants,
+    engine_core_beside_worker,
+)
 
+from .conftest import ScriptedVLLM
 from .helpers import process_group_alive
 
 pytestmark = pytest.mark.timeout(600)
@@ -73,3 +85,31 @@ def test_auto_engine_picks_vllm_only_for_a_large_servable_model_where_vllm_is_in
     engine, why = choose_engine("auto", "/m", servable, rollout(0, python="/no/such/python"))
     assert engine == "torch" and "not installed" in why
     assert choose_engine("auto", "/m", servable, rollout(0))[0] == "vllm"
+
+
+def test_the_engine_core_runs_on_its_workers_cores(vllm_server: ScriptedVLLM) -> None:
+    """The session's server runs with `engine_core_beside_worker`: every thread of its engine
+    core may run only where its worker is bound (and the cores are not all of the machine's,
+    else nothing was moved)."""
+    if vllm_server.pid is None:
+        pytest.skip("a server named by AGL_TEST_VLLM_URL: its processes are not this session's")
+    below = descendants(vllm_server.pid)
+    (engine,) = [pid for pid, name in below.items() if name.startswith(ENGINE_CORE_NAME)]
+    workers = [pid for pid, name in below.items() if name.startswith(WORKER_NAME)]
+    cores = set().union(*(os.sched_getaffinity(pid) for pid in workers))
+    assert workers and cores != os.sched_getaffinity(0)
+    assert all(os.sched_getaffinity(int(t)) == cores for t in os.listdir(f"/proc/{engine}/task"))
+    assert engine_core_beside_worker(vllm_server.pid) == cores  # moving it again changes nothing
+
+
+def test_engine_core_beside_worker_on_a_process_that_is_not_vllm_says_what_it_found() -> None:
+    script = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'input()'])"
+    parent = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE)
+    try:
+        with pytest.raises(
+            RuntimeError, match="has no 'VLLM::EngineCor' or no 'VLLM::Worker' process below it"
+        ):
+            engine_core_beside_worker(parent.pid)
+    finally:
+        parent.kill()
+        parent.wait()
