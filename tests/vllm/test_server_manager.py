@@ -103,13 +103,15 @@ def test_the_engine_core_runs_on_its_workers_cores(vllm_server: ScriptedVLLM) ->
 
 
 def test_engine_core_beside_worker_on_a_process_that_is_not_vllm_says_what_it_found() -> None:
-    script = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'input()'])"
+    # A parent and its child, both waiting for the end of the parent's stdin.
+    script = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'import sys; sys.stdin.read()'])"
     parent = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE)
+    assert parent.stdin is not None
     try:
         with pytest.raises(
             RuntimeError, match="has no 'VLLM::EngineCor' or no 'VLLM::Worker' process below it"
         ):
             engine_core_beside_worker(parent.pid)
     finally:
-        parent.kill()
-        parent.wait()
+        parent.stdin.close()  # both end
+        parent.wait(timeout=60)
