@@ -22,6 +22,29 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def descendants(pid: int) -> dict[int, str]:
+    """The processes below `pid` (children, theirs, ...), each with its name (/proc/PID/comm)."""
+    children: dict[int, list[int]] = {}
+    name_of: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        close = stat.rindex(")")  # the name, in parentheses, may hold spaces and parentheses
+        name_of[int(entry)] = stat[stat.index("(") + 1 : close]
+        children.setdefault(int(stat[close + 2 :].split()[1]), []).append(int(entry))
+    found: dict[int, str] = {}
+    below = [pid]
+    while below:
+        for child in children.get(below.pop(), ()):
+            found[child] = name_of[child]
+            below.append(child)
+    return found
+
+
 class ProcessFailed(RuntimeError):
     pass
 

@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 
 from agentlightning.log import get_logger
-from agentlightning.procs import ManagedProcess, ProcessFailed, free_port
+from agentlightning.procs import ManagedProcess, ProcessFailed, descendants, free_port
 
 log = get_logger("vllm_server")
 
@@ -74,31 +74,6 @@ def vllm_unavailable(python: str | None = None) -> str | None:
         tail = "\n".join(done.stderr.strip().splitlines()[-3:])
         return f"{python} has no vllm (install it with `make vllm`) {tail}".strip()
     return None
-
-
-def descendants(pid: int) -> dict[int, str]:
-    """The processes below `pid` (children, theirs, ...), each with its name (/proc/PID/comm)."""
-    parent_of: dict[int, int] = {}
-    name_of: dict[int, str] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:  # gone meanwhile
-            continue
-        close = stat.rindex(")")  # the name, in parentheses, may hold spaces and parentheses
-        name_of[int(entry)] = stat[stat.index("(") + 1 : close]
-        parent_of[int(entry)] = int(stat[close + 2 :].split()[1])
-    found: dict[int, str] = {}
-    below = [pid]
-    while below:
-        parent = below.pop()
-        for child, its_parent in parent_of.items():
-            if its_parent == parent and child not in found:
-                found[child] = name_of[child]
-                below.append(child)
-    return found
 
 
 def engine_core_beside_worker(server_pid: int) -> set[int]:

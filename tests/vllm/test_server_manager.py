@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agentlightning.procs import ProcessFailed
+from agentlightning.procs import ProcessFailed, descendants
 from agentlightning.tiny_model import TinyModelConfig, build_model, build_tokenizer
 from agentlightning.torch_backend.config import TorchRolloutConfig, VLLMRolloutConfig
 from agentlightning.torch_backend.vllm_engine import VLLMEngineError, check_servable, choose_engine
@@ -20,7 +20,6 @@ from agentlightning.torch_backend.vllm_server import (
     WORKER_NAME,
     VLLMServerConfig,
     VLLMServers,
-    descendants,
     engine_core_beside_worker,
 )
 
